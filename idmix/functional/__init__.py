@@ -1,0 +1,33 @@
+"""Pure functional primitives of Interdomain Attention; each has a naive reference beside it."""
+
+from .feature_map import silu_l2_feature_map, silu_l2_feature_map_naive
+from .interdomain import (
+    IMPLS,
+    interdomain_attention,
+    interdomain_attention_closed_form,
+    interdomain_attention_naive,
+    interdomain_decode_step,
+)
+from .readout import READOUTS, readout_gram
+from .s4d import complex_A, discretize, log_uniform_dt, s4d_inv_init, s4d_lin_init
+from .short_conv import short_conv, short_conv_naive, short_conv_step
+
+__all__ = [
+    "IMPLS",
+    "READOUTS",
+    "complex_A",
+    "discretize",
+    "interdomain_attention",
+    "interdomain_attention_closed_form",
+    "interdomain_attention_naive",
+    "interdomain_decode_step",
+    "log_uniform_dt",
+    "readout_gram",
+    "s4d_inv_init",
+    "s4d_lin_init",
+    "short_conv",
+    "short_conv_naive",
+    "short_conv_step",
+    "silu_l2_feature_map",
+    "silu_l2_feature_map_naive",
+]

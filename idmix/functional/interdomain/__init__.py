@@ -1,0 +1,114 @@
+"""The core op of Interdomain Attention and the implementations behind it."""
+
+from __future__ import annotations
+
+import torch
+
+from ..readout import readout_gram
+from .chunked import ChunkedInterdomain
+from .closed_form import interdomain_attention_closed_form
+from .decode import interdomain_decode_step
+from .naive import interdomain_attention_naive
+from .realform import complex_to_rows, rows_to_complex
+from .validation import State, check_inputs
+
+IMPLS = ("chunked", "naive", "closed_form", "recurrent")
+
+
+def _compute_dtype(q: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """(real, complex) dtypes the op computes in: fp64 for fp64 inputs, else fp32."""
+    if q.dtype == torch.float64:
+        return torch.float64, torch.complex128
+    return torch.float32, torch.complex64
+
+
+def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size):
+    B, T, H, R = q.shape
+    D, M = v.shape[-1], lam.shape[-1]
+    rdtype, cdtype = _compute_dtype(q)
+    q_, k_, v_ = (x.to(rdtype) for x in (q, k, v))
+    G_hat = readout_gram(C.to(cdtype), readout)
+    if initial_state is None:
+        Z0 = q_.new_zeros(B, H, 2 * M, R + D)
+    else:
+        Z0 = torch.cat([complex_to_rows(s.to(cdtype)) for s in initial_state], dim=-1)
+    o, Z = ChunkedInterdomain.apply(
+        q_, k_, v_,
+        torch.view_as_real(lam.to(cdtype)), torch.view_as_real(beta.to(cdtype)),
+        G_hat, Z0, chunk_size,
+    )
+    return o.to(q.dtype), (rows_to_complex(Z[..., :R]), rows_to_complex(Z[..., R:]))
+
+
+def _recurrent(q, k, v, lam, beta, C, readout, initial_state):
+    """T decode steps: the decode path applied to a whole sequence."""
+    B, T, H, R = q.shape
+    D, M = v.shape[-1], lam.shape[-1]
+    rdtype, cdtype = _compute_dtype(q)
+    G_hat = readout_gram(C.to(cdtype), readout)
+    if initial_state is None:
+        state = (q.new_zeros(B, H, M, R, dtype=cdtype), q.new_zeros(B, H, M, D, dtype=cdtype))
+    else:
+        state = tuple(s.to(cdtype) for s in initial_state)
+    outs = []
+    for t in range(T):
+        o_t, state = interdomain_decode_step(q[:, t], k[:, t], v[:, t], lam, beta, G_hat, state)
+        outs.append(o_t)
+    return torch.stack(outs, dim=1).to(q.dtype), state
+
+
+def interdomain_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    beta: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    readout: str = "conj",
+    initial_state: State | None = None,
+    return_final_state: bool = False,
+    chunk_size: int = 64,
+    impl: str = "chunked",
+):
+    """Interdomain Attention core (DESIGN.md §1 steps 6–7) over a whole sequence.
+
+    q, k: (B, T, H, R) real (q = ξ(q), k = k̃, the SSM key input); v: (B, T, H, D) real (ṽ);
+    lam, beta: (H, M) complex (discretised S4D); C: (H, M, M) complex readout;
+    initial_state: (Xk: (B, H, M, R), Xv: (B, H, M, D)) complex, zeros if None.
+    Per position: X_t = λ⊙X_{t-1} + β⊗z_t, U = C Xᵏ, Γ = C Xᵛ, a = U q_t and
+    o_t = Re(Γᴴ a) (readout="conj") or Re(Γᵀ a) (readout="product").
+    Returns o: (B, T, H, D) in q's dtype, or (o, final_state) if return_final_state.
+    Computes in fp32 (fp64 for fp64 inputs); the state is complex64 (complex128).
+
+    impl: "chunked" (O(T), default), "naive" (per-step complex reference), "closed_form"
+    (O(T²) oracle, small T) or "recurrent" (T applications of the decode step).
+    chunk_size: chunk length L of the chunked path (a power of two).
+    """
+    check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size)
+    if impl == "chunked":
+        o, state = _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size)
+    elif impl == "naive":
+        _, cdtype = _compute_dtype(q)
+        o, state = interdomain_attention_naive(
+            q, k, v, lam, beta, C.to(cdtype), readout, initial_state
+        )
+    elif impl == "closed_form":
+        _, cdtype = _compute_dtype(q)
+        o, state = interdomain_attention_closed_form(
+            q, k, v, lam, beta, C.to(cdtype), readout, initial_state
+        )
+    elif impl == "recurrent":
+        o, state = _recurrent(q, k, v, lam, beta, C, readout, initial_state)
+    else:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    return (o, state) if return_final_state else o
+
+
+__all__ = [
+    "IMPLS",
+    "interdomain_attention",
+    "interdomain_attention_naive",
+    "interdomain_attention_closed_form",
+    "interdomain_decode_step",
+]

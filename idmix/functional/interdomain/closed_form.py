@@ -1,0 +1,60 @@
+"""Oracle: the attention-like O(T²) closed form (paper-notes §10.2), for small T only.
+
+With g[t, s] = C (β ⊙ λ^{t-s}) (zero for s > t):
+  a_t   = Σ_s g[t, s] (q_t · k_s) + C(λ^{t+1} ⊙ X0ᵏ q_t)
+  K[t,s'] = Re(g[t, s']ᴴ a_t)   (conj)   or   Re(g[t, s']ᵀ a_t)   (product)
+  o_t   = Σ_{s'} K[t, s'] v_{s'} + Re((C(λ^{t+1} ⊙ X0ᵛ))ᴴ a_t)   (ᵀ for product)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .validation import State
+
+
+def interdomain_attention_closed_form(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    beta: torch.Tensor,
+    C: torch.Tensor,
+    readout: str = "conj",
+    initial_state: State | None = None,
+) -> tuple[torch.Tensor, State]:
+    """Same contract as ``interdomain_attention_naive``; memory O(H·T²·M)."""
+    B, T, H, R = q.shape
+    cdtype = C.dtype
+    rdtype = C.real.dtype
+    lam_, beta_ = lam.to(cdtype), beta.to(cdtype)
+    idx = torch.arange(T, device=q.device)
+    lag = idx[:, None] - idx[None, :]  # (T, T)
+    causal = lag >= 0
+    log_lam = torch.log(lam_)  # (H, M)
+    powers = torch.exp(lag.clamp_min(0).to(rdtype)[None, :, :, None] * log_lam[:, None, None, :])
+    powers = torch.where(causal[None, :, :, None], powers, torch.zeros_like(powers))
+    g = torch.einsum("hmn,htsn->htsm", C, beta_[:, None, None, :] * powers)  # (H, T, T, M)
+    qc, kc, vc = q.to(rdtype), k.to(rdtype), v.to(rdtype)
+    scores = torch.einsum("bthr,bshr->bhts", qc, kc)  # (B, H, T, T)
+    a = torch.einsum("bhts,htsm->bhtm", scores.to(cdtype), g)  # (B, H, T, M)
+    lam_pow = torch.exp((idx + 1).to(rdtype)[None, :, None] * log_lam[:, None, :])  # (H, T, M)
+    if initial_state is not None:
+        X0k, X0v = (s.to(cdtype) for s in initial_state)
+        X0k_q = torch.einsum("bhmr,bthr->bhtm", X0k, qc.to(cdtype))
+        a = a + torch.einsum("hmn,bhtn->bhtm", C, lam_pow[None] * X0k_q)
+    g_read = g.conj() if readout == "conj" else g
+    K = torch.einsum("htsm,bhtm->bhts", g_read, a).real
+    o = torch.einsum("bhts,bshd->bthd", K, vc)
+    if initial_state is not None:
+        Gam0 = torch.einsum("hmn,htn,bhnd->bhtmd", C, lam_pow, X0v)  # (B, H, T, M, D)
+        Gam0 = Gam0.conj() if readout == "conj" else Gam0
+        o = o + torch.einsum("bhtmd,bhtm->bthd", Gam0, a).real
+    # Final state: X_T = λ^T X0 + Σ_s β λ^{T-1-s} z_s.
+    w_end = beta_[:, None, :] * torch.exp((T - 1 - idx).to(rdtype)[None, :, None] * log_lam[:, None, :])
+    Xk = torch.einsum("hsm,bshr->bhmr", w_end, kc.to(cdtype))
+    Xv = torch.einsum("hsm,bshd->bhmd", w_end, vc.to(cdtype))
+    if initial_state is not None:
+        lam_T = torch.exp(T * log_lam)[None, :, :, None]
+        Xk, Xv = Xk + lam_T * X0k, Xv + lam_T * X0v
+    return o.to(q.dtype), (Xk, Xv)

@@ -1,0 +1,43 @@
+"""Reference: the per-step complex recurrence of DESIGN.md §1, written as literally as possible."""
+
+from __future__ import annotations
+
+import torch
+
+from .validation import State
+
+
+def interdomain_attention_naive(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    beta: torch.Tensor,
+    C: torch.Tensor,
+    readout: str = "conj",
+    initial_state: State | None = None,
+) -> tuple[torch.Tensor, State]:
+    """q, k: (B, T, H, R); v: (B, T, H, D); lam, beta: (H, M); C: (H, M, M) complex.
+
+    Per step: Xᵏ ← λ⊙Xᵏ + β⊗k̃_t, Xᵛ ← λ⊙Xᵛ + β⊗ṽ_t, U = C Xᵏ, Γ = C Xᵛ, a = U q_t,
+    o_t = Re(Γᴴ a) ("conj") or Re(Γᵀ a) ("product"). Returns (o: (B, T, H, D), (Xk, Xv)).
+    Computes in the complex dtype matching C; o has q's dtype.
+    """
+    B, T, H, R = q.shape
+    D, M = v.shape[-1], lam.shape[-1]
+    cdtype = C.dtype
+    lam_, beta_ = lam.to(cdtype)[..., None], beta.to(cdtype)[..., None]  # (H, M, 1)
+    if initial_state is None:
+        Xk = torch.zeros(B, H, M, R, dtype=cdtype, device=q.device)
+        Xv = torch.zeros(B, H, M, D, dtype=cdtype, device=q.device)
+    else:
+        Xk, Xv = (s.to(cdtype) for s in initial_state)
+    outs = []
+    for t in range(T):
+        Xk = lam_ * Xk + beta_ * k[:, t, :, None, :].to(cdtype)
+        Xv = lam_ * Xv + beta_ * v[:, t, :, None, :].to(cdtype)
+        U, Gam = C @ Xk, C @ Xv  # (B, H, M, R), (B, H, M, D)
+        a = U @ q[:, t, :, :, None].to(cdtype)  # (B, H, M, 1)
+        Gt = Gam.conj().mT if readout == "conj" else Gam.mT
+        outs.append((Gt @ a).squeeze(-1).real)
+    return torch.stack(outs, dim=1).to(q.dtype), (Xk, Xv)

@@ -1,0 +1,91 @@
+"""Argument checks shared by every implementation of the interdomain op."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..readout import READOUTS
+
+State = tuple[torch.Tensor, torch.Tensor]
+
+
+class Dims(NamedTuple):
+    B: int
+    T: int
+    H: int
+    R: int
+    D: int
+    M: int
+
+
+def _real_float(name: str, x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: expected a real floating tensor, got {x.dtype}")
+
+
+def _complex(name: str, x: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_complex():
+        raise TypeError(f"{name}: expected a complex tensor, got {x.dtype}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name}: expected shape {what} = {shape}, got {tuple(x.shape)}")
+
+
+def check_params(lam, beta, C, H: int, readout: str) -> int:
+    """Check lam, beta: (H, M) complex and C: (H, M, M) complex. Returns M."""
+    if not isinstance(lam, torch.Tensor) or lam.dim() != 2:
+        raise ValueError(f"lam: expected shape (H, M), got {getattr(lam, 'shape', lam)}")
+    M = lam.shape[1]
+    _complex("lam", lam, (H, M), "(H, M)")
+    _complex("beta", beta, (H, M), "(H, M)")
+    _complex("C", C, (H, M, M), "(H, M, M)")
+    if readout not in READOUTS:
+        raise ValueError(f"readout: expected one of {READOUTS}, got {readout!r}")
+    return M
+
+
+def check_state(state, B: int, H: int, M: int, R: int, D: int, name: str) -> None:
+    """state = (Xk: (B, H, M, R) complex, Xv: (B, H, M, D) complex)."""
+    if not isinstance(state, (tuple, list)) or len(state) != 2:
+        raise TypeError(f"{name}: expected a tuple (Xk, Xv), got {type(state).__name__}")
+    _complex(f"{name}[0] (Xk)", state[0], (B, H, M, R), "(B, H, M, R)")
+    _complex(f"{name}[1] (Xv)", state[1], (B, H, M, D), "(B, H, M, D)")
+
+
+def check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size) -> Dims:
+    """Validate the arguments of ``interdomain_attention``; returns the problem sizes."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _real_float(name, x)
+        if x.dim() != 4:
+            raise ValueError(
+                f"{name}: expected 4 dims (B, T, H, {'D' if name == 'v' else 'R'}), "
+                f"got shape {tuple(x.shape)}"
+            )
+    B, T, H, R = q.shape
+    if k.shape != q.shape:
+        raise ValueError(f"k: expected the shape of q (B, T, H, R) = {tuple(q.shape)}, "
+                         f"got {tuple(k.shape)}")
+    if v.shape[:3] != (B, T, H):
+        raise ValueError(f"v: expected (B, T, H, D) with (B, T, H) = {(B, T, H)}, "
+                         f"got {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if T < 1:
+        raise ValueError("q: expected at least one time step (T >= 1), got T = 0")
+    M = check_params(lam, beta, C, H, readout)
+    D = v.shape[3]
+    if initial_state is not None:
+        check_state(initial_state, B, H, M, R, D, "initial_state")
+    if (
+        isinstance(chunk_size, bool)
+        or not isinstance(chunk_size, int)
+        or chunk_size < 1
+        or chunk_size & (chunk_size - 1)
+    ):
+        raise ValueError(f"chunk_size: expected a positive power of two, got {chunk_size!r}")
+    return Dims(B, T, H, R, D, M)

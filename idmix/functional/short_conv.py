@@ -1,0 +1,83 @@
+"""Causal depthwise short convolution ("SC" in the paper) with a streaming step.
+
+Layout is channels-last: x is (B, T, C); weight is (C, W) (W = kernel size, 4 in the paper);
+bias is (C,). Output y_t = bias + Σ_{j<W} weight[:, j] · x_{t-W+1+j}, with x_{<0} taken from
+the conv cache (the last W-1 inputs of an earlier call, (B, W-1, C)) or zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if weight.dim() != 2:
+        raise ValueError(f"weight: expected (C, W), got shape {tuple(weight.shape)}")
+    if x.shape[-1] != weight.shape[0]:
+        raise ValueError(
+            f"x: last dim {x.shape[-1]} does not match weight channels {weight.shape[0]}"
+        )
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias: expected ({weight.shape[0]},), got {tuple(bias.shape)}")
+
+
+def short_conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    cache: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal depthwise conv over time.
+
+    x: (B, T, C); weight: (C, W); bias: (C,) or None; cache: (B, W-1, C) or None (zeros).
+    Returns (y: (B, T, C), new_cache: (B, W-1, C)), the cache holding the last W-1 inputs.
+    """
+    if x.dim() != 3:
+        raise ValueError(f"x: expected (B, T, C), got shape {tuple(x.shape)}")
+    _check(x, weight, bias)
+    B, T, C = x.shape
+    W = weight.shape[1]
+    if cache is None:
+        cache = x.new_zeros(B, W - 1, C)
+    elif cache.shape != (B, W - 1, C):
+        raise ValueError(f"cache: expected ({B}, {W - 1}, {C}), got {tuple(cache.shape)}")
+    padded = torch.cat([cache.to(x.dtype), x], dim=1)  # (B, T+W-1, C)
+    y = F.conv1d(padded.transpose(1, 2), weight.unsqueeze(1).to(x.dtype), groups=C)
+    y = y.transpose(1, 2)
+    if bias is not None:
+        y = y + bias.to(x.dtype)
+    return y, padded[:, T:].contiguous() if W > 1 else padded[:, :0]
+
+
+def short_conv_naive(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    cache: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference for :func:`short_conv`: an explicit sum over taps. Returns y only."""
+    B, T, C = x.shape
+    W = weight.shape[1]
+    hist = torch.cat([x.new_zeros(B, W - 1, C) if cache is None else cache, x], dim=1)
+    y = torch.zeros_like(x) if bias is None else bias.expand(B, T, C).clone()
+    for j in range(W):
+        y = y + weight[:, j] * hist[:, j : j + T]
+    return y
+
+
+def short_conv_step(
+    x_t: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cache: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step. x_t: (B, C); cache: (B, W-1, C). Returns (y_t: (B, C), new_cache)."""
+    if x_t.dim() != 2:
+        raise ValueError(f"x_t: expected (B, C), got shape {tuple(x_t.shape)}")
+    _check(x_t, weight, bias)
+    window = torch.cat([cache.to(x_t.dtype), x_t.unsqueeze(1)], dim=1)  # (B, W, C)
+    y = (window * weight.t().to(x_t.dtype)).sum(dim=1)
+    if bias is not None:
+        y = y + bias.to(x_t.dtype)
+    return y, window[:, 1:]
