@@ -9,7 +9,7 @@ from .chunked import ChunkedInterdomain
 from .closed_form import interdomain_attention_closed_form
 from .decode import interdomain_decode_step
 from .naive import interdomain_attention_naive
-from .realform import complex_to_rows, rows_to_complex
+from .realform import blocked_to_interleaved, interleaved_to_state, state_to_interleaved
 from .validation import State, check_inputs
 
 IMPLS = ("chunked", "naive", "closed_form", "recurrent")
@@ -27,17 +27,17 @@ def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size):
     D, M = v.shape[-1], lam.shape[-1]
     rdtype, cdtype = _compute_dtype(q)
     q_, k_, v_ = (x.to(rdtype) for x in (q, k, v))
-    G_hat = readout_gram(C.to(cdtype), readout)
+    G_hat = blocked_to_interleaved(readout_gram(C.to(cdtype), readout))
     if initial_state is None:
-        Z0 = q_.new_zeros(B, H, 2 * M, R + D)
+        Z0 = q_.new_zeros(B, H, R + D, 2 * M)
     else:
-        Z0 = torch.cat([complex_to_rows(s.to(cdtype)) for s in initial_state], dim=-1)
+        Z0 = state_to_interleaved(*(s.to(cdtype) for s in initial_state))
     o, Z = ChunkedInterdomain.apply(
         q_, k_, v_,
         torch.view_as_real(lam.to(cdtype)), torch.view_as_real(beta.to(cdtype)),
         G_hat, Z0, chunk_size,
     )
-    return o.to(q.dtype), (rows_to_complex(Z[..., :R]), rows_to_complex(Z[..., R:]))
+    return o.to(q.dtype), interleaved_to_state(Z, R)
 
 
 def _recurrent(q, k, v, lam, beta, C, readout, initial_state):
