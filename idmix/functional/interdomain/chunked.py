@@ -19,7 +19,7 @@ import torch
 
 from .decays import ChunkDecays, chunk_decays
 
-SEGMENT_TOKENS = 2048
+SEGMENT_TOKENS = 512
 
 
 def _c(x: torch.Tensor) -> torch.Tensor:
@@ -54,32 +54,36 @@ def _shear(X: torch.Tensor) -> torch.Tensor:
 def _scan(inc, Z0, c):
     """Linear recurrence over chunks, complex: S_0 = Z0, S_{j+1} = c ⊙ S_j + inc_j.
 
-    inc: (B, H, N, C, M); Z0: (B, H, C, M); c: (H, M). Returns S: (B, H, N+1, C, M).
+    inc: (B, H, N, C, M); Z0: (B, H, C, M); c: (H, M).
+    Returns (starts: (B, H, N, C, M) = S_0..S_{N-1}, contiguous; S_N: (B, H, C, M)).
     """
-    B, H, N, C, M = inc.shape
-    S = inc.new_empty(B, H, N + 1, C, M)
-    S[:, :, 0] = Z0
+    starts = torch.empty_like(inc)
+    starts[:, :, 0] = Z0
     c = c[:, None, :]
-    for j in range(N):
-        torch.addcmul(inc[:, :, j], c, S[:, :, j], out=S[:, :, j + 1])
-    return S
+    N = inc.shape[2]
+    for j in range(N - 1):
+        torch.addcmul(inc[:, :, j], c, starts[:, :, j], out=starts[:, :, j + 1])
+    return starts, torch.addcmul(inc[:, :, N - 1], c, starts[:, :, N - 1])
 
 
 def _scan_adjoint(g_S, g_end, c):
-    """Adjoint of :func:`_scan`: G_N = g_end, G_j = g_S_j + conj(c) ⊙ G_{j+1}. Returns G."""
-    B, H, N, C, M = g_S.shape
-    G = g_S.new_empty(B, H, N + 1, C, M)
-    G[:, :, N] = g_end
+    """Adjoint of :func:`_scan`: G_N = g_end, G_j = g_S_j + conj(c) ⊙ G_{j+1}.
+
+    Returns (G_1..G_N: (B, H, N, C, M), the gradients of the increments; G_0 = grad of Z0).
+    """
+    g_inc = torch.empty_like(g_S)
+    N = g_S.shape[2]
+    g_inc[:, :, N - 1] = g_end
     c = c.conj_physical()[:, None, :]
-    for j in range(N - 1, -1, -1):
-        torch.addcmul(g_S[:, :, j], c, G[:, :, j + 1], out=G[:, :, j])
-    return G
+    for j in range(N - 1, 0, -1):
+        torch.addcmul(g_S[:, :, j], c, g_inc[:, :, j], out=g_inc[:, :, j - 1])
+    return g_inc, torch.addcmul(g_S[:, :, 0], c, g_inc[:, :, 0])
 
 
 class _Saved:
     """Forward intermediates of one segment, kept only while its backward runs."""
 
-    __slots__ = ("z", "S", "y", "lagged", "p", "w", "u", "mix")
+    __slots__ = ("zT", "starts", "y", "lagged", "p", "w", "u", "mix")
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -87,32 +91,42 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(2, 3)
 
 
+def _bmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """acc + a @ b in one GEMM pass; acc: (B, H, N, L, F); a: (B, H, N·L, K); b: (H, K, F)."""
+    B, H = a.shape[:2]
+    out = torch.baddbmm(acc.reshape(B * H, -1, acc.shape[-1]), a.flatten(0, 1),
+                        b.expand(B, *b.shape).flatten(0, 1))
+    return out.view(acc.shape)
+
+
 def _segment_forward(q, k, v, dec: ChunkDecays, G_hat, Z0, keep: bool = False):
     """One segment. Z0: (B, H, R+D, 2M). Returns (o: (B, H, N, L, D), Z_end, intermediates)."""
     B, H, N, L, R = q.shape
     f = _Saved()
-    f.z = torch.cat([k, v], dim=-1)  # (B, H, N, L, R+D)
-    inc = f.z.transpose(-1, -2) @ dec.end[None, :, None]  # Σ_s β λ^{L-1-s} z_s per chunk
-    f.S = _r(_scan(_c(inc), _c(Z0), _c(dec.chunk)))  # (B, H, N+1, R+D, 2M)
-    starts = f.S[:, :, :-1]
+    f.zT = torch.cat([k.transpose(-1, -2), v.transpose(-1, -2)], dim=-2)  # (B, H, N, R+D, L)
+    inc = (f.zT.flatten(2, 3) @ dec.end).view(B, H, N, -1, dec.end.shape[-1])  # Σ_s β λ^{L-1-s} z_s
+    starts, Z_end = _scan(_c(inc), _c(Z0), _c(dec.chunk))
+    f.starts = starts = _r(starts)  # (B, H, N, R+D, 2M) chunk-start states
     start = _c(dec.start)[None, :, None]  # (1, H, 1, L, M) = λ^{i+1}
     # Pass 1: p(t) = λ^{i+1} ⊙ (Xᵏ q_t) + Σ_{s<=t} β λ^{t-s} (q_t · k_s)
     f.y = q @ starts[..., :R, :]  # (B, H, N, L, 2M)
     f.lagged = _shear(q @ k.transpose(-1, -2))  # (B, H, N, L, L): [t, lag] = q_t · k_{t-lag}
-    f.p = _r(start * _c(f.y)) + (_flat(f.lagged) @ dec.by_lag).view(f.y.shape)
+    f.p = _bmm_acc(_r(start * _c(f.y)), _flat(f.lagged), dec.by_lag)
     f.w = (_flat(f.p) @ G_hat.mT).view(f.p.shape)  # w̃ = Ĝ p̂
     # Pass 2: o_t = Re(Xᵛᴴ (conj(λ^{i+1}) ⊙ w̃)) + Σ_{s<=t} Re(conj(β λ^{t-s}) · w̃) v_s
     f.u = _r(start.conj_physical() * _c(f.w))
     f.mix = _shear((_flat(f.w) @ dec.by_lag.mT).view(B, H, N, L, L))  # (t, s) weights
-    o = f.u @ starts[..., R:, :].transpose(-1, -2) + f.mix @ v
-    return o, f.S[:, :, -1], (f if keep else None)
+    o = torch.baddbmm(
+        (f.mix @ v).flatten(0, 2), f.u.flatten(0, 2), starts[..., R:, :].transpose(-1, -2).flatten(0, 2)
+    ).view(v.shape)
+    return o, _r(Z_end), (f if keep else None)
 
 
 def _segment_backward(q, k, v, dec: ChunkDecays, G_hat, Z0, do, dZ_end):
     """Gradients of one segment. Returns (dq, dk, dv, d_decays: ChunkDecays, dG, dZ0)."""
     _, _, f = _segment_forward(q, k, v, dec, G_hat, Z0, keep=True)
     B, H, N, L, R = q.shape
-    starts = f.S[:, :, :-1]
+    starts = f.starts
     start = _c(dec.start)[None, :, None]
     start_conj = start.conj_physical()
     # o = u Xᵛᵀ + mix v, mix = shear(w by_lagᵀ), u = conj(start) ⊙ w
@@ -137,14 +151,14 @@ def _segment_backward(q, k, v, dec: ChunkDecays, G_hat, Z0, do, dZ_end):
     dq = dy @ starts[..., :R, :].transpose(-1, -2) + d_scores @ k
     dk = d_scores.transpose(-1, -2) @ q
     dS = torch.cat([q.transpose(-1, -2) @ dy, dXv], dim=-2)  # (B, H, N, R+D, 2M)
-    G = _scan_adjoint(_c(dS), _c(dZ_end), _c(dec.chunk))  # (B, H, N+1, R+D, M)
-    g_inc = _r(G[:, :, 1:])  # gradient of each chunk's increment, (B, H, N, R+D, 2M)
+    g_inc, dZ0 = _scan_adjoint(_c(dS), _c(dZ_end), _c(dec.chunk))
+    g_inc = _r(g_inc)  # gradient of each chunk's increment, (B, H, N, R+D, 2M)
     d_chunk = _r(_dot_conj(_c(starts), _c(g_inc), dim=-2).sum((0, 2)))
-    d_end = torch.einsum("bhnlc,bhncm->hlm", f.z, g_inc)
-    dz = dec.end[None, :, None] @ g_inc.transpose(-1, -2)  # (B, H, N, L, R+D)
-    dk = dk + dz[..., :R]
-    dv = dv + dz[..., R:]
-    return dq, dk, dv, ChunkDecays(d_by_lag, d_start, d_end, d_chunk), dG, _r(G[:, :, 0])
+    d_end = (f.zT.flatten(2, 3).transpose(-1, -2) @ g_inc.flatten(2, 3)).sum(0)
+    dzT = (g_inc.flatten(2, 3) @ dec.end.mT).view(f.zT.shape)  # (B, H, N, R+D, L)
+    dk = dk + dzT[..., :R, :].transpose(-1, -2)
+    dv = dv + dzT[..., R:, :].transpose(-1, -2)
+    return dq, dk, dv, ChunkDecays(d_by_lag, d_start, d_end, d_chunk), dG, _r(dZ0)
 
 
 def _plan(T: int, L: int) -> list[tuple[int, int, int]]:
