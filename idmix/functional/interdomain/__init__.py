@@ -33,9 +33,14 @@ def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size):
     else:
         Z0 = state_to_interleaved(*(s.to(cdtype) for s in initial_state))
     o, Z = ChunkedInterdomain.apply(
-        q_, k_, v_,
-        torch.view_as_real(lam.to(cdtype)), torch.view_as_real(beta.to(cdtype)),
-        G_hat, Z0, chunk_size,
+        q_,
+        k_,
+        v_,
+        torch.view_as_real(lam.to(cdtype)),
+        torch.view_as_real(beta.to(cdtype)),
+        G_hat,
+        Z0,
+        chunk_size,
     )
     return o.to(q.dtype), interleaved_to_state(Z, R)
 
@@ -86,6 +91,14 @@ def interdomain_attention(
     chunk_size: chunk length L of the chunked path (a power of two).
     """
     check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size)
+    # The SSM runs in fp32 (fp64) whatever the ambient autocast: states and accumulators of a
+    # long recurrence do not survive bf16. Inputs are upcast here and o is cast back.
+    with torch.autocast(q.device.type, enabled=False):
+        o, state = _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl)
+    return (o, state) if return_final_state else o
+
+
+def _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl):
     if impl == "chunked":
         o, state = _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size)
     elif impl == "naive":
@@ -102,7 +115,7 @@ def interdomain_attention(
         o, state = _recurrent(q, k, v, lam, beta, C, readout, initial_state)
     else:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
-    return (o, state) if return_final_state else o
+    return o, state
 
 
 __all__ = [

@@ -94,8 +94,9 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 def _bmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """acc + a @ b in one GEMM pass; acc: (B, H, N, L, F); a: (B, H, N·L, K); b: (H, K, F)."""
     B, H = a.shape[:2]
-    out = torch.baddbmm(acc.reshape(B * H, -1, acc.shape[-1]), a.flatten(0, 1),
-                        b.expand(B, *b.shape).flatten(0, 1))
+    out = torch.baddbmm(
+        acc.reshape(B * H, -1, acc.shape[-1]), a.flatten(0, 1), b.expand(B, *b.shape).flatten(0, 1)
+    )
     return out.view(acc.shape)
 
 
@@ -117,7 +118,9 @@ def _segment_forward(q, k, v, dec: ChunkDecays, G_hat, Z0, keep: bool = False):
     f.u = _r(start.conj_physical() * _c(f.w))
     f.mix = _shear((_flat(f.w) @ dec.by_lag.mT).view(B, H, N, L, L))  # (t, s) weights
     o = torch.baddbmm(
-        (f.mix @ v).flatten(0, 2), f.u.flatten(0, 2), starts[..., R:, :].transpose(-1, -2).flatten(0, 2)
+        (f.mix @ v).flatten(0, 2),
+        f.u.flatten(0, 2),
+        starts[..., R:, :].transpose(-1, -2).flatten(0, 2),
     ).view(v.shape)
     return o, _r(Z_end), (f if keep else None)
 
@@ -206,12 +209,17 @@ class ChunkedInterdomain(torch.autograd.Function):
             chunks = [_to_chunks(x, t0, n, Lp) for x in (q, k, v)]
             o_p, Z, _ = _segment_forward(*chunks, decays[Lp], G_hat, Z)
             _write_chunks(o, t0, o_p)
-        ctx.L = L
+        ctx.L, ctx.device_type = L, q.device.type
         ctx.save_for_backward(q, k, v, lam_ri, beta_ri, G_hat, *starts)
         return o, Z
 
     @staticmethod
     def backward(ctx, do, dZ_end):
+        with torch.autocast(ctx.device_type, enabled=False):
+            return ChunkedInterdomain._backward(ctx, do, dZ_end)
+
+    @staticmethod
+    def _backward(ctx, do, dZ_end):
         q, k, v, lam_ri, beta_ri, G_hat, *starts = ctx.saved_tensors
         T = q.shape[1]
         with torch.enable_grad():

@@ -51,7 +51,9 @@ def interdomain_attention_closed_form(
         Gam0 = Gam0.conj() if readout == "conj" else Gam0
         o = o + torch.einsum("bhtmd,bhtm->bthd", Gam0, a).real
     # Final state: X_T = λ^T X0 + Σ_s β λ^{T-1-s} z_s.
-    w_end = beta_[:, None, :] * torch.exp((T - 1 - idx).to(rdtype)[None, :, None] * log_lam[:, None, :])
+    w_end = beta_[:, None, :] * torch.exp(
+        (T - 1 - idx).to(rdtype)[None, :, None] * log_lam[:, None, :]
+    )
     Xk = torch.einsum("hsm,bshr->bhmr", w_end, kc.to(cdtype))
     Xv = torch.einsum("hsm,bshd->bhmd", w_end, vc.to(cdtype))
     if initial_state is not None:

@@ -23,6 +23,11 @@ def interdomain_decode_step(
     state: (Xk: (B, H, M, R), Xv: (B, H, M, D)) complex. Returns (o: (B, H, D), new state).
     Steps: X ← λ⊙X + β⊗z; p = Xᵏ q; w̃ = Ĝ p̂; o = Re(Xᵛ)ᵀ w̃_re + Im(Xᵛ)ᵀ w̃_im.
     """
+    with torch.autocast(q.device.type, enabled=False):
+        return _step(q, k, v, lam, beta, G_hat, state)
+
+
+def _step(q, k, v, lam, beta, G_hat, state):
     Xk, Xv = state
     rdtype = G_hat.dtype
     lr, li = lam.real.to(rdtype)[..., None], lam.imag.to(rdtype)[..., None]  # (H, M, 1)

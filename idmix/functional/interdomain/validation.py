@@ -68,11 +68,13 @@ def check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size) -> D
             )
     B, T, H, R = q.shape
     if k.shape != q.shape:
-        raise ValueError(f"k: expected the shape of q (B, T, H, R) = {tuple(q.shape)}, "
-                         f"got {tuple(k.shape)}")
+        raise ValueError(
+            f"k: expected the shape of q (B, T, H, R) = {tuple(q.shape)}, got {tuple(k.shape)}"
+        )
     if v.shape[:3] != (B, T, H):
-        raise ValueError(f"v: expected (B, T, H, D) with (B, T, H) = {(B, T, H)}, "
-                         f"got {tuple(v.shape)}")
+        raise ValueError(
+            f"v: expected (B, T, H, D) with (B, T, H) = {(B, T, H)}, got {tuple(v.shape)}"
+        )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if T < 1:

@@ -1,0 +1,96 @@
+"""Shared test utilities: problem factories, relative-error checks, NaN-poisoned allocations."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from idmix.functional import complex_A, discretize, s4d_inv_init
+
+aten = torch.ops.aten
+
+
+def rel_rmse(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| (fla-style relative RMSE); complex tensors compared as reals."""
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    a, b = a.double(), b.double()
+    denom = b.norm().item()
+    return (a - b).norm().item() / max(denom, 1e-30)
+
+
+def assert_rel(a, b, tol: float, what: str = "") -> None:
+    err = rel_rmse(a, b)
+    assert math.isfinite(err) and err <= tol, f"{what}: relative RMSE {err:.3e} > {tol:.1e}"
+
+
+def make_problem(
+    B=2,
+    T=37,
+    H=2,
+    R=5,
+    D=7,
+    M=6,
+    dtype=torch.float64,
+    dt_range=(1e-3, 1e-1),
+    seed=0,
+    with_state=True,
+):
+    """Random inputs of the interdomain op with S4D-Inv dynamics and a generic complex C.
+
+    Returns dict(q, k, v, lam, beta, C, initial_state).
+    """
+    g = torch.Generator().manual_seed(seed)
+    cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    log_re, im = s4d_inv_init(H, M)
+    A = complex_A(log_re.double(), im.double())
+    lo, hi = math.log(dt_range[0]), math.log(dt_range[1])
+    dt = torch.exp(lo + (hi - lo) * torch.rand(H, generator=g, dtype=torch.float64))
+    lam, beta = discretize(dt, A)
+    C = torch.complex(randn(H, M, M), randn(H, M, M)) / M
+    state = None
+    if with_state:
+        state = (
+            torch.complex(randn(B, H, M, R), randn(B, H, M, R)).to(cdtype),
+            torch.complex(randn(B, H, M, D), randn(B, H, M, D)).to(cdtype),
+        )
+    return dict(
+        q=randn(B, T, H, R).to(dtype),
+        k=randn(B, T, H, R).to(dtype),
+        v=randn(B, T, H, D).to(dtype),
+        lam=lam.to(cdtype),
+        beta=beta.to(cdtype),
+        C=C.to(cdtype),
+        initial_state=state,
+    )
+
+
+class PoisonEmpty(TorchDispatchMode):
+    """Fill every fresh uninitialised allocation (empty, empty_like, new_empty, …) with NaN, so
+    that an output an op forgets to write in full shows up as NaN."""
+
+    EMPTY = {
+        aten.empty.memory_format,
+        aten.empty_like.default,
+        aten.new_empty.default,
+        aten.empty_strided.default,
+        aten.new_empty_strided.default,
+    }
+
+    def __init__(self):
+        super().__init__()
+        self.poisoned = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.EMPTY and (out.is_floating_point() or out.is_complex()):
+            out.fill_(float("nan"))
+            self.poisoned += 1
+        return out

@@ -1,0 +1,72 @@
+"""Long sequences, bf16 autocast, and the memory the chunked autograd keeps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from idmix.functional import interdomain_attention
+from idmix.functional.interdomain import chunked
+from tests.helpers import assert_rel, make_problem
+
+
+def op(p, **kw):
+    return interdomain_attention(p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"], **kw)
+
+
+@pytest.mark.parametrize("dt_range", [(1e-3, 1e-1), (1.0, 10.0)])
+def test_float32_stable_at_64k(dt_range):
+    """T = 65,536 in fp32 matches the fp64 chunked path (itself checked against the reference)."""
+    kw = dict(B=1, T=65536, H=2, R=4, D=4, M=4, dt_range=dt_range, with_state=False)
+    p64, p32 = make_problem(**kw), make_problem(dtype=torch.float32, **kw)
+    o32, s32 = op(p32, return_final_state=True)
+    o64, s64 = op(p64, return_final_state=True)
+    assert torch.isfinite(o32).all()
+    assert_rel(o32, o64, 5e-3, "o")
+    assert_rel(s32[1], s64[1], 5e-3, "Xv")
+
+
+def test_bf16_autocast_keeps_state_fp32():
+    p = make_problem(B=2, T=200, H=2, R=16, D=16, M=8, dtype=torch.float32)
+    ref, ref_state = op(p, initial_state=p["initial_state"], return_final_state=True)
+    leaves = {n: p[n].bfloat16().requires_grad_() for n in ("q", "k", "v")}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o, state = op(dict(p, **leaves), initial_state=p["initial_state"], return_final_state=True)
+        o.float().square().sum().backward()
+    assert o.dtype == torch.bfloat16
+    assert state[0].dtype == torch.complex64 and state[1].dtype == torch.complex64
+    assert_rel(o.float(), ref, 2e-2, "bf16 output")
+    assert_rel(state[1], ref_state[1], 2e-2, "bf16 state")
+    for n, x in leaves.items():
+        assert x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all(), n
+
+
+def saved_bytes(fn) -> int:
+    """Bytes of the tensors autograd keeps for backward while fn() builds its graph."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total
+
+
+def test_autograd_keeps_no_per_position_state():
+    """Saved memory is the inputs plus one state per segment: O(T·(R+D)), not O(T·M·(R+D))."""
+    B, T, H, R, D = 1, 2048, 2, 8, 8
+    sizes = {}
+    for M in (4, 64):
+        p = make_problem(B=B, T=T, H=H, R=R, D=D, M=M, dtype=torch.float32, with_state=False)
+        leaves = {n: p[n].requires_grad_() for n in ("q", "k", "v", "lam", "beta", "C")}
+        sizes[M] = saved_bytes(lambda p=dict(p, **leaves): op(p))
+        inputs = sum(leaves[n].numel() * 4 for n in ("q", "k", "v"))
+        segments = -(-T // chunked.SEGMENT_TOKENS)
+        per_state = B * H * (R + D) * 2 * M * 4
+        small = 4 * H * (2 * M) ** 2 * 16  # Ĝ, λ, β, C and their real views
+        assert sizes[M] <= inputs + segments * per_state + small, (M, sizes[M])
+    # 16x more modes costs far less than 16x more saved memory.
+    assert sizes[64] < 3 * sizes[4]
