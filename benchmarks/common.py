@@ -24,6 +24,23 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], reps: int, warmup:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def blocked_medians(fns: dict[str, Callable[[], object]], calls: int, rounds: int = 5):
+    """Median over rounds of the mean per-call seconds of `calls` back-to-back calls of each fn.
+
+    For steady-state loops (decoding): consecutive calls of one fn, as in real use, so one
+    method's cache footprint does not slow the other's calls down.
+    """
+    per_round = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            fn()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per_round[name].append((time.perf_counter() - t0) / calls)
+    return {name: statistics.median(ts) for name, ts in per_round.items()}
+
+
 def _status_kb(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -52,7 +69,10 @@ def measure_in_subprocess(script: str, *args: str) -> dict:
 
     out = subprocess.run(
         [sys.executable, script, "--measure", *args],
-        capture_output=True, text=True, check=True, env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **env},
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -3,6 +3,7 @@
 from .feature_map import silu_l2_feature_map, silu_l2_feature_map_naive
 from .interdomain import (
     IMPLS,
+    empty_state,
     interdomain_attention,
     interdomain_attention_closed_form,
     interdomain_attention_naive,
@@ -17,6 +18,7 @@ __all__ = [
     "READOUTS",
     "complex_A",
     "discretize",
+    "empty_state",
     "interdomain_attention",
     "interdomain_attention_closed_form",
     "interdomain_attention_naive",

@@ -7,7 +7,7 @@ import torch
 from ..readout import readout_gram
 from .chunked import ChunkedInterdomain
 from .closed_form import interdomain_attention_closed_form
-from .decode import interdomain_decode_step
+from .decode import empty_state, interdomain_decode_step
 from .naive import interdomain_attention_naive
 from .realform import blocked_to_interleaved, interleaved_to_state, state_to_interleaved
 from .validation import State, check_inputs
@@ -52,7 +52,7 @@ def _recurrent(q, k, v, lam, beta, C, readout, initial_state):
     rdtype, cdtype = _compute_dtype(q)
     G_hat = readout_gram(C.to(cdtype), readout)
     if initial_state is None:
-        state = (q.new_zeros(B, H, M, R, dtype=cdtype), q.new_zeros(B, H, M, D, dtype=cdtype))
+        state = empty_state(B, H, M, R, D, dtype=cdtype, device=q.device)
     else:
         state = tuple(s.to(cdtype) for s in initial_state)
     outs = []
@@ -124,4 +124,5 @@ __all__ = [
     "interdomain_attention_naive",
     "interdomain_attention_closed_form",
     "interdomain_decode_step",
+    "empty_state",
 ]

@@ -37,18 +37,25 @@ def _dot_conj(x: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.linalg.vecdot(x, g, dim=dim)
 
 
-def _shear(X: torch.Tensor) -> torch.Tensor:
-    """Y[..., t, a] = X[..., t, t-a] for a <= t, else 0; X: (..., L, L).
+def _shear_in(A: torch.Tensor) -> torch.Tensor:
+    """(t, s) -> (t, j) with Y[t, j] = A[t, t + j + 1 - L] (0 where that s < 0); A: (..., L, L).
 
-    Maps a causal (t, s) matrix to (t, lag) and back (it is its own adjoint and, on lower
-    triangles, its own inverse), so the intra-chunk decay β λ^{t-s} becomes one shared
-    (lag × 2M) matrix and the intra-chunk contractions become plain GEMMs.
+    Lines the causal part of each row up with ``end[j] = β λ^{L-1-j}``, so that
+    Σ_{s<=t} A[t, s] β λ^{t-s} = (Y @ end)[t]: the intra-chunk decay becomes one shared matrix.
+    A zero-padded copy read through a strided view; adjoint of :func:`_shear_out`.
     """
-    L = X.shape[-1]
-    t = torch.arange(L, device=X.device)
-    lag = t[:, None] - t[None, :]
-    Y = X.gather(-1, lag.clamp_min(0).expand(X.shape))
-    return torch.where(lag >= 0, Y, torch.zeros((), dtype=X.dtype, device=X.device))
+    L = A.shape[-1]
+    padded = torch.cat([A.new_zeros(*A.shape[:-1], L), A], dim=-1)  # (..., L, 2L)
+    strides = (*padded.stride()[:-2], 2 * L + 1, 1)
+    return padded.as_strided(A.shape, strides, padded.storage_offset() + 1).contiguous()
+
+
+def _shear_out(Y: torch.Tensor) -> torch.Tensor:
+    """(t, j) -> (t, s) with A[t, s] = Y[t, L - 1 - t + s] for s <= t, else 0 (see _shear_in)."""
+    L = Y.shape[-1]
+    padded = torch.cat([Y, Y.new_zeros(*Y.shape[:-1], L)], dim=-1)  # (..., L, 2L)
+    strides = (*padded.stride()[:-2], 2 * L - 1, 1)
+    return padded.as_strided(Y.shape, strides, padded.storage_offset() + L - 1).contiguous()
 
 
 def _scan(inc, Z0, c):
@@ -100,23 +107,27 @@ def _bmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tenso
     return out.view(acc.shape)
 
 
-def _segment_forward(q, k, v, dec: ChunkDecays, G_hat, Z0, keep: bool = False):
-    """One segment. Z0: (B, H, R+D, 2M). Returns (o: (B, H, N, L, D), Z_end, intermediates)."""
+def _segment_forward(q, zT, dec: ChunkDecays, G_hat, Z0, keep: bool = False):
+    """One segment. q: (B, H, N, L, R); zT = [kᵀ; vᵀ]: (B, H, N, R+D, L); Z0: (B, H, R+D, 2M).
+
+    Returns (o: (B, H, N, L, D), Z_end, intermediates or None).
+    """
     B, H, N, L, R = q.shape
+    kT, v = zT[..., :R, :], zT[..., R:, :].mT
     f = _Saved()
-    f.zT = torch.cat([k.transpose(-1, -2), v.transpose(-1, -2)], dim=-2)  # (B, H, N, R+D, L)
-    inc = (f.zT.flatten(2, 3) @ dec.end).view(B, H, N, -1, dec.end.shape[-1])  # Σ_s β λ^{L-1-s} z_s
+    f.zT = zT
+    inc = (zT.flatten(2, 3) @ dec.end).view(B, H, N, -1, dec.end.shape[-1])  # Σ_s β λ^{L-1-s} z_s
     starts, Z_end = _scan(_c(inc), _c(Z0), _c(dec.chunk))
     f.starts = starts = _r(starts)  # (B, H, N, R+D, 2M) chunk-start states
     start = _c(dec.start)[None, :, None]  # (1, H, 1, L, M) = λ^{i+1}
     # Pass 1: p(t) = λ^{i+1} ⊙ (Xᵏ q_t) + Σ_{s<=t} β λ^{t-s} (q_t · k_s)
     f.y = q @ starts[..., :R, :]  # (B, H, N, L, 2M)
-    f.lagged = _shear(q @ k.transpose(-1, -2))  # (B, H, N, L, L): [t, lag] = q_t · k_{t-lag}
-    f.p = _bmm_acc(_r(start * _c(f.y)), _flat(f.lagged), dec.by_lag)
+    f.lagged = _shear_in(q @ kT)  # (B, H, N, L, L), aligned with dec.end
+    f.p = _bmm_acc(_r(start * _c(f.y)), _flat(f.lagged), dec.end)
     f.w = (_flat(f.p) @ G_hat.mT).view(f.p.shape)  # w̃ = Ĝ p̂
     # Pass 2: o_t = Re(Xᵛᴴ (conj(λ^{i+1}) ⊙ w̃)) + Σ_{s<=t} Re(conj(β λ^{t-s}) · w̃) v_s
     f.u = _r(start.conj_physical() * _c(f.w))
-    f.mix = _shear((_flat(f.w) @ dec.by_lag.mT).view(B, H, N, L, L))  # (t, s) weights
+    f.mix = _shear_out((_flat(f.w) @ dec.end.mT).view(B, H, N, L, L))  # (t, s) weights
     o = torch.baddbmm(
         (f.mix @ v).flatten(0, 2),
         f.u.flatten(0, 2),
@@ -125,43 +136,43 @@ def _segment_forward(q, k, v, dec: ChunkDecays, G_hat, Z0, keep: bool = False):
     return o, _r(Z_end), (f if keep else None)
 
 
-def _segment_backward(q, k, v, dec: ChunkDecays, G_hat, Z0, do, dZ_end):
-    """Gradients of one segment. Returns (dq, dk, dv, d_decays: ChunkDecays, dG, dZ0)."""
-    _, _, f = _segment_forward(q, k, v, dec, G_hat, Z0, keep=True)
+def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end):
+    """Gradients of one segment. Returns (dq, dzT, d_decays: ChunkDecays, dG, dZ0)."""
+    _, _, f = _segment_forward(q, zT, dec, G_hat, Z0, keep=True)
     B, H, N, L, R = q.shape
+    kT, v = zT[..., :R, :], zT[..., R:, :].mT
     starts = f.starts
     start = _c(dec.start)[None, :, None]
     start_conj = start.conj_physical()
-    # o = u Xᵛᵀ + mix v, mix = shear(w by_lagᵀ), u = conj(start) ⊙ w
-    dv = f.mix.transpose(-1, -2) @ do
-    d_mix = _shear(do @ v.transpose(-1, -2))  # (B, H, N, L, lag)
+    # o = u Xᵛᵀ + mix v, mix = shear_out(w endᵀ), u = conj(start) ⊙ w
+    dvT = do.transpose(-1, -2) @ f.mix  # (B, H, N, D, L)
+    d_mix = _shear_in(do @ v.transpose(-1, -2))  # (B, H, N, L, L), aligned with dec.end
     du = do @ starts[..., R:, :]  # (B, H, N, L, 2M)
     dXv = do.transpose(-1, -2) @ f.u  # (B, H, N, D, 2M)
-    dw = (_flat(d_mix) @ dec.by_lag).view(du.shape) + _r(start * _c(du))
-    d_by_lag = (_flat(d_mix).transpose(-1, -2) @ _flat(f.w)).sum(0)
+    dw = _bmm_acc(_r(start * _c(du)), _flat(d_mix), dec.end)
+    d_end = (_flat(d_mix).transpose(-1, -2) @ _flat(f.w)).sum(0)
     # start enters as start ⊙ y and as conj(start) ⊙ w: gradient Σ dp ⊙ conj(y) + w ⊙ conj(du)
     d_start = _dot_conj(_c(du), _c(f.w), dim=2).sum(0)
     # w = Ĝ p
     dp = (_flat(dw) @ G_hat).view(dw.shape)
     dG = (_flat(dw).transpose(-1, -2) @ _flat(f.p)).sum(0)
-    # p = start ⊙ y + shear(q kᵀ) by_lag
-    d_lagged = (_flat(dp) @ dec.by_lag.mT).view(B, H, N, L, L)
-    d_by_lag = d_by_lag + (_flat(f.lagged).transpose(-1, -2) @ _flat(dp)).sum(0)
-    d_scores = _shear(d_lagged)
+    # p = start ⊙ y + shear_in(q kᵀ) end
+    d_scores = _shear_out((_flat(dp) @ dec.end.mT).view(B, H, N, L, L))
+    d_end = d_end + (_flat(f.lagged).transpose(-1, -2) @ _flat(dp)).sum(0)
     dy = _r(start_conj * _c(dp))
     d_start = _r(d_start + _dot_conj(_c(f.y), _c(dp), dim=2).sum(0))
     # y = q Xᵏ, scores = q kᵀ
-    dq = dy @ starts[..., :R, :].transpose(-1, -2) + d_scores @ k
-    dk = d_scores.transpose(-1, -2) @ q
+    dq = dy @ starts[..., :R, :].transpose(-1, -2) + d_scores @ kT.mT
+    dkT = q.transpose(-1, -2) @ d_scores  # (B, H, N, R, L)
     dS = torch.cat([q.transpose(-1, -2) @ dy, dXv], dim=-2)  # (B, H, N, R+D, 2M)
     g_inc, dZ0 = _scan_adjoint(_c(dS), _c(dZ_end), _c(dec.chunk))
     g_inc = _r(g_inc)  # gradient of each chunk's increment, (B, H, N, R+D, 2M)
     d_chunk = _r(_dot_conj(_c(starts), _c(g_inc), dim=-2).sum((0, 2)))
-    d_end = (f.zT.flatten(2, 3).transpose(-1, -2) @ g_inc.flatten(2, 3)).sum(0)
+    d_end = d_end + (f.zT.flatten(2, 3).transpose(-1, -2) @ g_inc.flatten(2, 3)).sum(0)
     dzT = (g_inc.flatten(2, 3) @ dec.end.mT).view(f.zT.shape)  # (B, H, N, R+D, L)
-    dk = dk + dzT[..., :R, :].transpose(-1, -2)
-    dv = dv + dzT[..., R:, :].transpose(-1, -2)
-    return dq, dk, dv, ChunkDecays(d_by_lag, d_start, d_end, d_chunk), dG, _r(dZ0)
+    dzT[..., :R, :] += dkT
+    dzT[..., R:, :] += dvT
+    return dq, dzT, ChunkDecays(d_start, d_end, d_chunk), dG, _r(dZ0)
 
 
 def _plan(T: int, L: int) -> list[tuple[int, int, int]]:
@@ -174,16 +185,31 @@ def _plan(T: int, L: int) -> list[tuple[int, int, int]]:
     return pieces
 
 
+def _chunk_view(x: torch.Tensor, t0: int, n: int, L: int, transpose: bool) -> torch.Tensor:
+    """(B, T, H, F) -> view (B, H, n, L, F), or (B, H, n, F, L) if transpose, of [t0, t0+n·L)."""
+    B, _, H, F = x.shape
+    x = x[:, t0 : t0 + n * L].unflatten(1, (n, L))  # (B, n, L, H, F)
+    return x.permute(0, 3, 1, 4, 2) if transpose else x.permute(0, 3, 1, 2, 4)
+
+
 def _to_chunks(x: torch.Tensor, t0: int, n: int, L: int) -> torch.Tensor:
     """(B, T, H, F) -> (B, H, n, L, F) copy of positions [t0, t0 + n·L)."""
-    B, _, H, F = x.shape
-    return x[:, t0 : t0 + n * L].reshape(B, n, L, H, F).permute(0, 3, 1, 2, 4).contiguous()
+    return _chunk_view(x, t0, n, L, transpose=False).contiguous()
 
 
-def _write_chunks(dst: torch.Tensor, t0: int, x: torch.Tensor) -> None:
-    """Write x: (B, H, n, L, F) into dst: (B, T, H, F) at positions [t0, t0 + n·L)."""
-    B, H, n, L, F = x.shape
-    dst[:, t0 : t0 + n * L] = x.permute(0, 2, 3, 1, 4).reshape(B, n * L, H, F)
+def _to_chunks_T(k: torch.Tensor, v: torch.Tensor, t0: int, n: int, L: int) -> torch.Tensor:
+    """zT = [kᵀ; vᵀ] per chunk: (B, H, n, R+D, L), one copy from the (B, T, H, ·) inputs."""
+    B, _, H, R = k.shape
+    zT = k.new_empty(B, H, n, R + v.shape[-1], L)
+    zT[..., :R, :] = _chunk_view(k, t0, n, L, transpose=True)
+    zT[..., R:, :] = _chunk_view(v, t0, n, L, transpose=True)
+    return zT
+
+
+def _write_chunks(dst: torch.Tensor, t0: int, x: torch.Tensor, transposed: bool = False) -> None:
+    """Write x: (B, H, n, L, F) (or (B, H, n, F, L) if transposed) into dst: (B, T, H, F)."""
+    n, L = x.shape[2], x.shape[-1] if transposed else x.shape[-2]
+    _chunk_view(dst, t0, n, L, transpose=transposed).copy_(x)
 
 
 def _all_decays(lam_ri, beta_ri, T, L) -> dict[int, ChunkDecays]:
@@ -206,8 +232,9 @@ class ChunkedInterdomain(torch.autograd.Function):
         Z, starts = Z0.contiguous(), []
         for t0, n, Lp in _plan(T, L):
             starts.append(Z)
-            chunks = [_to_chunks(x, t0, n, Lp) for x in (q, k, v)]
-            o_p, Z, _ = _segment_forward(*chunks, decays[Lp], G_hat, Z)
+            o_p, Z, _ = _segment_forward(
+                _to_chunks(q, t0, n, Lp), _to_chunks_T(k, v, t0, n, Lp), decays[Lp], G_hat, Z
+            )
             _write_chunks(o, t0, o_p)
         ctx.L, ctx.device_type = L, q.device.type
         ctx.save_for_backward(q, k, v, lam_ri, beta_ri, G_hat, *starts)
@@ -221,7 +248,7 @@ class ChunkedInterdomain(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, do, dZ_end):
         q, k, v, lam_ri, beta_ri, G_hat, *starts = ctx.saved_tensors
-        T = q.shape[1]
+        T, R = q.shape[1], q.shape[-1]
         with torch.enable_grad():
             lam_, beta_ = lam_ri.detach().requires_grad_(), beta_ri.detach().requires_grad_()
             decays = _all_decays(lam_, beta_, T, ctx.L)
@@ -230,12 +257,16 @@ class ChunkedInterdomain(torch.autograd.Function):
         dG = torch.zeros_like(G_hat)
         dZ = torch.zeros_like(starts[0]) if dZ_end is None else dZ_end.contiguous()
         for (t0, n, Lp), Z0 in reversed(list(zip(_plan(T, ctx.L), starts, strict=True))):
-            chunks = [_to_chunks(x, t0, n, Lp) for x in (q, k, v)]
+            q_p, zT = _to_chunks(q, t0, n, Lp), _to_chunks_T(k, v, t0, n, Lp)
             dec = ChunkDecays(*(t.detach() for t in decays[Lp]))
-            do_p = torch.zeros_like(chunks[2]) if do is None else _to_chunks(do, t0, n, Lp)
-            gq, gk, gv, g_dec, g_G, dZ = _segment_backward(*chunks, dec, G_hat, Z0, do_p, dZ)
-            for dst, g in zip((dq, dk, dv), (gq, gk, gv), strict=True):
-                _write_chunks(dst, t0, g)
+            if do is None:
+                do_p = q_p.new_zeros(*q_p.shape[:-1], v.shape[-1])
+            else:
+                do_p = _to_chunks(do, t0, n, Lp)
+            gq, g_zT, g_dec, g_G, dZ = _segment_backward(q_p, zT, dec, G_hat, Z0, do_p, dZ)
+            _write_chunks(dq, t0, gq)
+            _write_chunks(dk, t0, g_zT[..., :R, :], transposed=True)
+            _write_chunks(dv, t0, g_zT[..., R:, :], transposed=True)
             for acc, g in zip(d_decays[Lp], g_dec, strict=True):
                 acc += g
             dG += g_G

@@ -15,13 +15,12 @@ from .realform import polar, powers
 
 
 class ChunkDecays(NamedTuple):
-    """by_lag: (H, L, 2M)      β λ^d for lags d = 0..L-1 (the intra-chunk kernel)
-    start: (H, L, 2M)       λ^{i+1}: decay of the chunk-start state to position i
-    end: (H, L, 2M)         β λ^{L-1-s}: weight of input s in the chunk-end state
-    chunk: (H, 2M)          λ^L
+    """start: (H, L, 2M)  λ^{i+1}: decay of the chunk-start state to position i
+    end: (H, L, 2M)    β λ^{L-1-s}: weight of input s in the chunk-end state; read backwards it
+                       is also the intra-chunk kernel β λ^{t-s} by lag t - s
+    chunk: (H, 2M)     λ^L
     """
 
-    by_lag: torch.Tensor
     start: torch.Tensor
     end: torch.Tensor
     chunk: torch.Tensor
@@ -38,8 +37,5 @@ def chunk_decays(lam_ri: torch.Tensor, beta_ri: torch.Tensor, L: int) -> ChunkDe
 
     by_lag = interleave(br * pr[:, :L] - bi * pi[:, :L], br * pi[:, :L] + bi * pr[:, :L])
     return ChunkDecays(
-        by_lag,
-        interleave(pr[:, 1:], pi[:, 1:]),
-        by_lag.flip(1),
-        interleave(pr[:, L], pi[:, L]),
+        interleave(pr[:, 1:], pi[:, 1:]), by_lag.flip(1), interleave(pr[:, L], pi[:, L])
     )

@@ -41,6 +41,7 @@ def state_to_interleaved(Xk: torch.Tensor, Xv: torch.Tensor) -> torch.Tensor:
 
 
 def interleaved_to_state(Z: torch.Tensor, R: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`state_to_interleaved`; R is the key width."""
-    Zc = torch.complex(Z[..., 0::2], Z[..., 1::2]).transpose(-1, -2)  # (B, H, M, R+D)
+    """Inverse of :func:`state_to_interleaved` (R is the key width), as views of Z's storage:
+    mode-last, the layout the decode step reads without copying."""
+    Zc = torch.view_as_complex(Z.unflatten(-1, (-1, 2))).mT  # (B, H, M, R+D)
     return Zc[..., :R], Zc[..., R:]

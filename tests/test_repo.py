@@ -1,0 +1,36 @@
+"""The README's promise: its first two commands are exactly what CI runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ci_runs_the_readme_commands():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", readme, re.S)
+    assert block, "README.md must open with a bash block"
+    commands = [c for c in block.group(1).strip().splitlines() if c.strip()]
+    assert len(commands) == 2, commands
+    ci = [
+        c
+        for c in (ROOT / ".ci/run").read_text().splitlines()
+        if c.strip() and not c.startswith(("#", "set ", "cd "))
+    ]
+    assert ci == commands
+
+
+def test_core_imports_only_torch():
+    """idmix/ must not import torchtune, torchao or lm-eval at import time."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, idmix.functional; "
+        "bad = [m for m in ('torchtune', 'torchao', 'lm_eval', 'datasets') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
