@@ -10,8 +10,9 @@ from .interdomain import (
     interdomain_decode_step,
 )
 from .readout import READOUTS, readout_gram
+from .rope import rope
 from .s4d import complex_A, discretize, log_uniform_dt, s4d_inv_init, s4d_lin_init
-from .short_conv import short_conv, short_conv_naive, short_conv_step
+from .short_conv import short_conv, short_conv_naive, short_conv_step, short_conv_with_resets
 
 __all__ = [
     "IMPLS",
@@ -25,11 +26,13 @@ __all__ = [
     "interdomain_decode_step",
     "log_uniform_dt",
     "readout_gram",
+    "rope",
     "s4d_inv_init",
     "s4d_lin_init",
     "short_conv",
     "short_conv_naive",
     "short_conv_step",
+    "short_conv_with_resets",
     "silu_l2_feature_map",
     "silu_l2_feature_map_naive",
 ]

@@ -81,3 +81,38 @@ def short_conv_step(
     if bias is not None:
         y = y + bias.to(x_t.dtype)
     return y, window[:, 1:]
+
+
+def short_conv_with_resets(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    reset: torch.Tensor,
+    cache: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal depthwise conv that never mixes across document boundaries.
+
+    reset: (B, T) bool, True where a document starts (history before it, the cache included,
+    is treated as zeros). Otherwise as :func:`short_conv`: returns (y, new_cache), the new cache
+    holding zeros for positions before the last reset.
+    """
+    B, T, C = x.shape
+    W = weight.shape[1]
+    if reset.shape != (B, T):
+        raise ValueError(f"reset: expected ({B}, {T}), got {tuple(reset.shape)}")
+    hist = x.new_zeros(B, W - 1, C) if cache is None else cache.to(x.dtype)
+    ext = torch.cat([hist, x], dim=1)  # (B, T+W-1, C); position t of x is ext[t + W - 1]
+    idx = torch.arange(T, device=x.device)
+    # first valid ext index for output t: W-1 + (last reset <= t), or 0 when none (cache valid)
+    last = torch.where(reset, idx, torch.full_like(idx, -1)).cummax(dim=1).values
+    start = torch.where(last >= 0, last + W - 1, torch.zeros_like(last))  # (B, T)
+    y = torch.zeros_like(x) if bias is None else bias.to(x.dtype).expand(B, T, C).clone()
+    w = weight.to(x.dtype)
+    for j in range(W):
+        valid = (idx + j >= start)[..., None]
+        y = y + torch.where(valid, ext[:, j : j + T] * w[:, j], torch.zeros((), dtype=x.dtype))
+    # new cache: the last W-1 ext entries, zeroed if they precede the final document start
+    tail = torch.arange(T, T + W - 1, device=x.device)
+    keep = (tail[None] >= start[:, -1:])[..., None]
+    new_cache = torch.where(keep, ext[:, T:], torch.zeros((), dtype=x.dtype))
+    return y, new_cache

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..readout import readout_gram
-from .chunked import ChunkedInterdomain
+from .chunked import chunk_decay_inputs, chunked_forward
 from .closed_form import interdomain_attention_closed_form
 from .decode import empty_state, interdomain_decode_step
 from .naive import interdomain_attention_naive
@@ -32,16 +32,11 @@ def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size):
         Z0 = q_.new_zeros(B, H, R + D, 2 * M)
     else:
         Z0 = state_to_interleaved(*(s.to(cdtype) for s in initial_state))
-    o, Z = ChunkedInterdomain.apply(
-        q_,
-        k_,
-        v_,
-        torch.view_as_real(lam.to(cdtype)),
-        torch.view_as_real(beta.to(cdtype)),
-        G_hat,
-        Z0,
-        chunk_size,
-    )
+    with torch.autocast(q.device.type, enabled=False):
+        decays = chunk_decay_inputs(
+            torch.view_as_real(lam.to(cdtype)), torch.view_as_real(beta.to(cdtype)), T, chunk_size
+        )
+    o, Z, _ = chunked_forward(q_, k_, v_, *decays, G_hat, Z0, chunk_size)
     return o.to(q.dtype), interleaved_to_state(Z, R)
 
 

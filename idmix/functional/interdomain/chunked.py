@@ -212,65 +212,179 @@ def _write_chunks(dst: torch.Tensor, t0: int, x: torch.Tensor, transposed: bool 
     _chunk_view(dst, t0, n, L, transpose=transposed).copy_(x)
 
 
-def _all_decays(lam_ri, beta_ri, T, L) -> dict[int, ChunkDecays]:
-    return {Lp: chunk_decays(lam_ri, beta_ri, Lp) for Lp in {p[2] for p in _plan(T, L)}}
+def _num_pieces(T: int, L: int) -> int:
+    full, per_seg = T // L, max(1, SEGMENT_TOKENS // L)
+    return (full + per_seg - 1) // per_seg + (1 if T % L else 0)
 
 
-class ChunkedInterdomain(torch.autograd.Function):
-    """Real-form chunked op with a hand-written, segment-recomputing backward.
+def _decays_by_len(L, T, main, tail) -> dict[int, ChunkDecays]:
+    out = {L: ChunkDecays(*main)}
+    if T % L:
+        out[T % L] = ChunkDecays(*tail)
+    return out
 
-    Inputs: q, k: (B, T, H, R); v: (B, T, H, D); lam_ri, beta_ri: (H, M, 2);
-    G_hat: (H, 2M, 2M) in interleaved order; Z0: (B, H, R+D, 2M); L: chunk length.
-    Outputs: o (B, T, H, D), Z_end (B, H, R+D, 2M). One real dtype (fp32 or fp64) for all.
-    """
 
-    @staticmethod
-    def forward(ctx, q, k, v, lam_ri, beta_ri, G_hat, Z0, L):
-        B, T, H, _ = q.shape
-        decays = _all_decays(lam_ri, beta_ri, T, L)
-        o = q.new_empty(B, T, H, v.shape[-1])
-        Z, starts = Z0.contiguous(), []
-        for t0, n, Lp in _plan(T, L):
-            starts.append(Z)
-            o_p, Z, _ = _segment_forward(
-                _to_chunks(q, t0, n, Lp), _to_chunks_T(k, v, t0, n, Lp), decays[Lp], G_hat, Z
+def _forward_impl(q, k, v, main, tail, G_hat, Z0, L):
+    B, T, H, _ = q.shape
+    decays = _decays_by_len(L, T, main, tail)
+    o = q.new_empty(B, T, H, v.shape[-1])
+    Z, starts = Z0.contiguous(), []
+    for t0, n, Lp in _plan(T, L):
+        starts.append(Z)
+        o_p, Z, _ = _segment_forward(
+            _to_chunks(q, t0, n, Lp), _to_chunks_T(k, v, t0, n, Lp), decays[Lp], G_hat, Z
+        )
+        _write_chunks(o, t0, o_p)
+    return o, Z, torch.stack(starts)
+
+
+def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L):
+    T, R = q.shape[1], q.shape[-1]
+    decays = _decays_by_len(L, T, main, tail)
+    d_decays = {Lp: [torch.zeros_like(t) for t in d] for Lp, d in decays.items()}
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dG = torch.zeros_like(G_hat)
+    dZ = dZ_end.contiguous()
+    for (t0, n, Lp), Z0 in reversed(list(zip(_plan(T, L), starts.unbind(0), strict=True))):
+        q_p, zT = _to_chunks(q, t0, n, Lp), _to_chunks_T(k, v, t0, n, Lp)
+        gq, g_zT, g_dec, g_G, dZ = _segment_backward(
+            q_p, zT, decays[Lp], G_hat, Z0, _to_chunks(do, t0, n, Lp), dZ
+        )
+        _write_chunks(dq, t0, gq)
+        _write_chunks(dk, t0, g_zT[..., :R, :], transposed=True)
+        _write_chunks(dv, t0, g_zT[..., R:, :], transposed=True)
+        for acc, g in zip(d_decays[Lp], g_dec, strict=True):
+            acc += g
+        dG += g_G
+    d_main = d_decays[L]
+    d_tail = d_decays[T % L] if T % L else [torch.zeros_like(t) for t in tail]
+    return dq, dk, dv, *d_main, *d_tail, dG, dZ
+
+
+def chunk_decay_inputs(lam_ri, beta_ri, T, L):
+    """The decay tensors the chunked op takes: (start, end, chunk) for chunk length L and for
+    the ragged tail T % L (empty tensors when T is a multiple of L). Differentiable."""
+    main = chunk_decays(lam_ri, beta_ri, L)
+    tail = (
+        chunk_decays(lam_ri, beta_ri, T % L)
+        if T % L
+        else ChunkDecays(*(t[:, :0] for t in main[:2]), main.chunk)
+    )
+    return (*main, *tail)
+
+
+# Registered as custom ops so torch.compile / torch.export see one opaque node per direction
+# (the chunk loop, complex views and in-place scans stay out of the traced graph). The decay
+# tensors are inputs, so autograd carries their gradients on to λ and β outside the op.
+# Shapes: q, k (B, T, H, R); v (B, T, H, D); decays as in ChunkDecays for chunk length L and
+# for the tail T % L; G_hat (H, 2M, 2M) interleaved; Z0 (B, H, R+D, 2M). One real dtype.
+
+
+@torch.library.custom_op("idmix::chunked_forward", mutates_args=())
+def chunked_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start: torch.Tensor,
+    end: torch.Tensor,
+    chunk: torch.Tensor,
+    tail_start: torch.Tensor,
+    tail_end: torch.Tensor,
+    tail_chunk: torch.Tensor,
+    G_hat: torch.Tensor,
+    Z0: torch.Tensor,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (o (B, T, H, D), Z_end (B, H, R+D, 2M), segment start states (P, B, H, R+D, 2M))."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _forward_impl(
+            q, k, v, (start, end, chunk), (tail_start, tail_end, tail_chunk), G_hat, Z0, chunk_size
+        )
+
+
+@chunked_forward.register_fake
+def _(q, k, v, start, end, chunk, tail_start, tail_end, tail_chunk, G_hat, Z0, chunk_size):
+    B, T, H, _ = q.shape
+    return (
+        q.new_empty(B, T, H, v.shape[-1]),
+        torch.empty_like(Z0),
+        Z0.new_empty(_num_pieces(T, chunk_size), *Z0.shape),
+    )
+
+
+@torch.library.custom_op("idmix::chunked_backward", mutates_args=())
+def chunked_backward(
+    do: torch.Tensor,
+    dZ_end: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start: torch.Tensor,
+    end: torch.Tensor,
+    chunk: torch.Tensor,
+    tail_start: torch.Tensor,
+    tail_end: torch.Tensor,
+    tail_chunk: torch.Tensor,
+    G_hat: torch.Tensor,
+    starts: torch.Tensor,
+    chunk_size: int,
+) -> list[torch.Tensor]:
+    """Gradients of (q, k, v, start, end, chunk, tail_start, tail_end, tail_chunk, G_hat, Z0),
+    recomputing the forward segment by segment from the saved segment start states."""
+    with torch.autocast(q.device.type, enabled=False):
+        return list(
+            _backward_impl(
+                do,
+                dZ_end,
+                q,
+                k,
+                v,
+                (start, end, chunk),
+                (tail_start, tail_end, tail_chunk),
+                G_hat,
+                starts,
+                chunk_size,
             )
-            _write_chunks(o, t0, o_p)
-        ctx.L, ctx.device_type = L, q.device.type
-        ctx.save_for_backward(q, k, v, lam_ri, beta_ri, G_hat, *starts)
-        return o, Z
+        )
 
-    @staticmethod
-    def backward(ctx, do, dZ_end):
-        with torch.autocast(ctx.device_type, enabled=False):
-            return ChunkedInterdomain._backward(ctx, do, dZ_end)
 
-    @staticmethod
-    def _backward(ctx, do, dZ_end):
-        q, k, v, lam_ri, beta_ri, G_hat, *starts = ctx.saved_tensors
-        T, R = q.shape[1], q.shape[-1]
-        with torch.enable_grad():
-            lam_, beta_ = lam_ri.detach().requires_grad_(), beta_ri.detach().requires_grad_()
-            decays = _all_decays(lam_, beta_, T, ctx.L)
-        d_decays = {Lp: [torch.zeros_like(t) for t in d] for Lp, d in decays.items()}
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dG = torch.zeros_like(G_hat)
-        dZ = torch.zeros_like(starts[0]) if dZ_end is None else dZ_end.contiguous()
-        for (t0, n, Lp), Z0 in reversed(list(zip(_plan(T, ctx.L), starts, strict=True))):
-            q_p, zT = _to_chunks(q, t0, n, Lp), _to_chunks_T(k, v, t0, n, Lp)
-            dec = ChunkDecays(*(t.detach() for t in decays[Lp]))
-            if do is None:
-                do_p = q_p.new_zeros(*q_p.shape[:-1], v.shape[-1])
-            else:
-                do_p = _to_chunks(do, t0, n, Lp)
-            gq, g_zT, g_dec, g_G, dZ = _segment_backward(q_p, zT, dec, G_hat, Z0, do_p, dZ)
-            _write_chunks(dq, t0, gq)
-            _write_chunks(dk, t0, g_zT[..., :R, :], transposed=True)
-            _write_chunks(dv, t0, g_zT[..., R:, :], transposed=True)
-            for acc, g in zip(d_decays[Lp], g_dec, strict=True):
-                acc += g
-            dG += g_G
-        outs = [t for d in decays.values() for t in d]
-        grads = [g for Lp in decays for g in d_decays[Lp]]
-        dlam, dbeta = torch.autograd.grad(outs, (lam_, beta_), grads)
-        return dq, dk, dv, dlam, dbeta, dG, dZ, None
+@chunked_backward.register_fake
+def _(
+    do,
+    dZ_end,
+    q,
+    k,
+    v,
+    start,
+    end,
+    chunk,
+    tail_start,
+    tail_end,
+    tail_chunk,
+    G_hat,
+    starts,
+    chunk_size,
+):
+    like = (q, k, v, start, end, chunk, tail_start, tail_end, tail_chunk, G_hat, dZ_end)
+    return [torch.empty_like(t) for t in like]
+
+
+def _setup_context(ctx, inputs, output):
+    *tensors, _Z0, chunk_size = inputs
+    ctx.chunk_size = chunk_size
+    ctx.save_for_backward(*tensors, output[2])
+
+
+def _backward(ctx, do, dZ_end, _d_starts):
+    q, k, v, *decays, G_hat, starts = ctx.saved_tensors
+    if do is None:
+        do = q.new_zeros(*q.shape[:-1], v.shape[-1])
+    if dZ_end is None:
+        dZ_end = torch.zeros_like(starts[0])
+    grads = torch.ops.idmix.chunked_backward(
+        do, dZ_end, q, k, v, *decays, G_hat, starts, ctx.chunk_size
+    )
+    return (*grads, None)
+
+
+chunked_forward.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,81 @@
+"""Building blocks of the SSM mixers' input and query paths."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..functional import rope, short_conv_step, short_conv_with_resets, silu_l2_feature_map
+
+
+class Branch(nn.Module):
+    """x -> W x -> [short conv] -> [RoPE] -> [ξ per head], at width d before the head split.
+
+    proj: d×d, no bias; conv: depthwise, kernel ``conv_size``, with bias (5d parameters at
+    kernel 4). RoPE and ξ act per head of size d_h. Output (B, T, H, d_h).
+    """
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        *,
+        conv=True,
+        use_rope=False,
+        feature_map=False,
+        conv_size=4,
+        rope_base=10000.0,
+    ):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+        self.proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.conv_size = conv_size if conv else 0
+        if conv:
+            self.conv_weight = nn.Parameter(torch.empty(embed_dim, conv_size))
+            self.conv_bias = nn.Parameter(torch.zeros(embed_dim))
+            self._reset_conv()
+        self.use_rope, self.feature_map, self.rope_base = use_rope, feature_map, rope_base
+
+    @torch.no_grad()
+    def _reset_conv(self):
+        if not self.conv_weight.is_meta:
+            nn.init.uniform_(self.conv_weight, -(self.conv_size**-0.5), self.conv_size**-0.5)
+            self.conv_bias.zero_()
+
+    def forward(self, x, positions, reset, conv_cache=None):
+        """x: (B, T, d); positions, reset: (B, T). Returns (y: (B, T, H, d_h), new conv cache)."""
+        h = self.proj(x)
+        new_cache = None
+        if self.conv_size:
+            h, new_cache = short_conv_with_resets(
+                h, self.conv_weight, self.conv_bias, reset, conv_cache
+            )
+        return self._per_head(h, positions), new_cache
+
+    def step(self, x_t, positions, conv_cache):
+        """One token. x_t: (B, d); positions: (B,). Returns (y: (B, H, d_h), new conv cache)."""
+        h = self.proj(x_t)
+        new_cache = None
+        if self.conv_size:
+            h, new_cache = short_conv_step(h, self.conv_weight, self.conv_bias, conv_cache)
+        return self._per_head(h[:, None], positions[:, None])[:, 0], new_cache
+
+    def _per_head(self, h, positions):
+        h = h.unflatten(-1, (self.num_heads, self.head_dim))
+        if self.use_rope:
+            h = rope(h, positions, self.rope_base)
+        return silu_l2_feature_map(h) if self.feature_map else h
+
+
+class HeadNorm(nn.Module):
+    """RMSNorm over d_h with one weight vector shared by all heads, plus a per-head bias
+    (paper eq. 12, "N+b"): d_h + H·d_h parameters."""
+
+    def __init__(self, num_heads, head_dim, eps=1e-6):
+        super().__init__()
+        self.norm = nn.RMSNorm(head_dim, eps=eps)
+        self.bias = nn.Parameter(torch.zeros(num_heads, head_dim))
+
+    def forward(self, x):
+        """x: (..., H, d_h) -> same shape."""
+        return self.norm(x) + self.bias.to(x.dtype)

@@ -1,0 +1,72 @@
+"""Decoding state of one mixer layer, held in tensordict TensorClasses (batch dim first)."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import tensorclass
+
+from ..functional import empty_state
+
+
+@tensorclass
+class RecurrentCache:
+    """SSM mixer state: constant in the context length.
+
+    xk: (B, H, M, R) and xv: (B, H, M, D) complex64 (mode-last storage, see empty_state);
+    conv_q, conv_a, conv_b: (B, W-1, d) short-conv histories of the query and the two input
+    branches ((B, 0, d) for a branch without a conv).
+    """
+
+    xk: torch.Tensor
+    xv: torch.Tensor
+    conv_q: torch.Tensor
+    conv_a: torch.Tensor
+    conv_b: torch.Tensor
+
+    @classmethod
+    def empty(
+        cls,
+        batch_size,
+        num_heads,
+        num_modes,
+        key_dim,
+        value_dim,
+        conv_widths,
+        embed_dim,
+        dtype,
+        device=None,
+    ):
+        xk, xv = empty_state(batch_size, num_heads, num_modes, key_dim, value_dim, device=device)
+        convs = [
+            torch.zeros(batch_size, w, embed_dim, dtype=dtype, device=device) for w in conv_widths
+        ]
+        return cls(
+            xk=xk, xv=xv, conv_q=convs[0], conv_a=convs[1], conv_b=convs[2], batch_size=[batch_size]
+        )
+
+    def reset_rows(self, rows: torch.Tensor) -> None:
+        """Zero the state of the batch rows where rows (B,) is True (a new document starts)."""
+        keep = (~rows).view(-1, 1, 1, 1)
+        self.xk.mul_(keep)
+        self.xv.mul_(keep)
+        for conv in (self.conv_q, self.conv_a, self.conv_b):
+            conv.mul_(keep[..., 0].to(conv.dtype))
+
+
+@tensorclass
+class KVCache:
+    """Softmax attention cache: k, v (B, H, S_max, d_h) and the number of filled positions."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    length: torch.Tensor  # (B,) int64, equal across rows
+
+    @classmethod
+    def empty(cls, batch_size, num_heads, max_seq_len, head_dim, dtype, device=None):
+        shape = (batch_size, num_heads, max_seq_len, head_dim)
+        return cls(
+            k=torch.zeros(shape, dtype=dtype, device=device),
+            v=torch.zeros(shape, dtype=dtype, device=device),
+            length=torch.zeros(batch_size, dtype=torch.long, device=device),
+            batch_size=[batch_size],
+        )

@@ -1,0 +1,241 @@
+"""One composable SSM token mixer: input path × readout × RoPE (the paper's Fig. 3 and Table 4).
+
+- input_path "dual_kv": [ξ(SC(W_K x)), W_V x] (Interdomain);  "generic": [SC(W_a x), SC(W_b x)].
+- readout "query": o_t = Re(Γᴴ U ξ(q_t)) (or Re(Γᵀ U ξ(q_t))), q = SC(W_Q x) (Interdomain);
+  "linear": y = Re(wᵀ C X) per channel over modes, halves summed, then a d×d C_out (S4D-only).
+- use_rope: RoPE on the query branch and on the first input half (k or a).
+Both halves then go through "N+b" (HeadNorm) and one per-head complex S4D core (S4DCore).
+The layer follows torchtune's attention contract, so it drops into TransformerSelfAttentionLayer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..functional import interdomain_attention, interdomain_decode_step
+from ..functional.s4d_readout import s4d_linear_readout, s4d_linear_step
+from .branches import Branch, HeadNorm
+from .cache import RecurrentCache
+from .documents import documents, positions_and_resets
+from .ssm import S4DCore
+
+INPUT_PATHS = ("dual_kv", "generic")
+READOUTS = ("query", "linear")
+
+
+class SSMMixer(nn.Module):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        num_modes: int = 64,
+        input_path: str = "dual_kv",
+        readout: str = "query",
+        use_rope: bool = True,
+        readout_convention: str = "conj",
+        gate: bool = False,
+        chunk_size: int = 64,
+        rope_base: float = 10000.0,
+        norm_eps: float = 1e-6,
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+    ):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim: {embed_dim} is not divisible by num_heads={num_heads}")
+        if input_path not in INPUT_PATHS:
+            raise ValueError(f"input_path: expected one of {INPUT_PATHS}, got {input_path!r}")
+        if readout not in READOUTS:
+            raise ValueError(f"readout: expected one of {READOUTS}, got {readout!r}")
+        H, d_h = num_heads, embed_dim // num_heads
+        self.embed_dim, self.num_heads, self.head_dim, self.num_modes = embed_dim, H, d_h, num_modes
+        self.input_path, self.readout, self.readout_convention = (
+            input_path,
+            readout,
+            readout_convention,
+        )
+        self.chunk_size = chunk_size
+        kw = dict(rope_base=rope_base)
+        self.query = (
+            Branch(embed_dim, H, conv=True, use_rope=use_rope, feature_map=True, **kw)
+            if readout == "query"
+            else None
+        )
+        dual = input_path == "dual_kv"
+        self.branch_a = Branch(embed_dim, H, conv=True, use_rope=use_rope, feature_map=dual, **kw)
+        self.branch_b = Branch(embed_dim, H, conv=not dual, **kw)
+        self.norm_a, self.norm_b = HeadNorm(H, d_h, norm_eps), HeadNorm(H, d_h, norm_eps)
+        self.ssm = S4DCore(H, num_modes, dt_min, dt_max)
+        if readout == "linear":
+            self.mode_weights = nn.Parameter(torch.full((H, num_modes), num_modes**-0.5))
+            self.c_out = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.gate = nn.Linear(embed_dim, embed_dim, bias=False) if gate else None
+        self.output_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.kv_cache: RecurrentCache | None = None
+        self.cache_enabled = False
+
+    # torchtune attention contract -------------------------------------------------------------
+    def setup_cache(self, batch_size: int, dtype: torch.dtype, max_seq_len: int = 0) -> None:
+        """Allocate the decoding state; its size does not depend on max_seq_len."""
+        widths = [
+            b.conv_size - 1 if b is not None and b.conv_size else 0
+            for b in (self.query, self.branch_a, self.branch_b)
+        ]
+        self.kv_cache = RecurrentCache.empty(
+            batch_size,
+            self.num_heads,
+            self.num_modes,
+            self.head_dim,
+            self.head_dim,
+            widths,
+            self.embed_dim,
+            dtype,
+            device=self.output_proj.weight.device,
+        )
+        self.cache_enabled = True
+
+    def reset_cache(self) -> None:
+        if self.kv_cache is None:
+            raise RuntimeError("reset_cache: no cache; call setup_cache first")
+        self.kv_cache.zero_()
+
+    def forward(self, x, y=None, *, mask=None, input_pos=None):
+        """x: (B, T, d). mask is ignored (causality is in the recurrence); input_pos (B, T):
+        positions restarting at 0 mark document starts, where state and conv history reset."""
+        B, T, _ = x.shape
+        pos, reset = positions_and_resets(input_pos, B, T, x.device)
+        cache = self.kv_cache if self.cache_enabled else None
+        if cache is not None:
+            cache.reset_rows(reset[:, 0])
+            if T == 1:
+                return self._step(x[:, 0], pos[:, 0], cache)[:, None]
+        convs = (None, None, None) if cache is None else (cache.conv_q, cache.conv_a, cache.conv_b)
+        q = None
+        if self.query is not None:
+            q, cq = self.query(x, pos, reset, convs[0])
+        a, ca = self.branch_a(x, pos, reset, convs[1])
+        b, cb = self.branch_b(x, pos, reset, convs[2])
+        a, b = self.norm_a(a), self.norm_b(b)
+        init = None if cache is None else (cache.xk, cache.xv)
+        o, (xk, xv) = self._core_by_document(q, a, b, init, reset)
+        if cache is not None:
+            cache.xk.copy_(xk)
+            cache.xv.copy_(xv)
+            for dst, src in zip(
+                (cache.conv_q, cache.conv_a, cache.conv_b),
+                (cq if q is not None else None, ca, cb),
+                strict=True,
+            ):
+                if src is not None:
+                    dst.copy_(src)
+        return self._output(x, o)
+
+    # internals ---------------------------------------------------------------------------------
+    def _core(self, q, a, b, init):
+        """One document per row. q, a: (B, T, H, d_h); b: (B, T, H, d_h). Returns (o, state)."""
+        lam, beta, C = self.ssm.discretized()
+        if self.readout == "query":
+            return interdomain_attention(
+                q,
+                a,
+                b,
+                lam,
+                beta,
+                C,
+                readout=self.readout_convention,
+                initial_state=init,
+                return_final_state=True,
+                chunk_size=self.chunk_size,
+            )
+        z = torch.cat([a, b], dim=-1)
+        init_z = None if init is None else torch.cat(init, dim=-1)
+        y, X = s4d_linear_readout(z, lam, beta, self._contraction(C), init_z, True)
+        d_h = self.head_dim
+        return y[..., :d_h] + y[..., d_h:], (X[..., :d_h], X[..., d_h:])
+
+    def _contraction(self, C):
+        """c = Cᵀ w: the per-head mode contraction of the linear readout, (H, M) complex."""
+        return torch.einsum("hmn,hm->hn", C, self.mode_weights.float().to(C.dtype))
+
+    def _core_by_document(self, q, a, b, init, reset):
+        spans = documents(reset)
+        if spans is None:
+            return self._core(q, a, b, init)
+        outs, xks, xvs = [], [], []
+        for row, row_spans in enumerate(spans):
+            state = None if init is None else tuple(s[row : row + 1] for s in init)
+            pieces = []
+            for t0, t1 in row_spans:
+                if t0 > 0:
+                    state = None  # a document starts at t0: nothing carries over
+                sl = (slice(row, row + 1), slice(t0, t1))
+                o, state = self._core(None if q is None else q[sl], a[sl], b[sl], state)
+                pieces.append(o)
+            outs.append(torch.cat(pieces, dim=1))
+            xks.append(state[0])
+            xvs.append(state[1])
+        return torch.cat(outs), (torch.cat(xks), torch.cat(xvs))
+
+    def _output(self, x, o):
+        o = o.flatten(-2)  # (B, T, d)
+        if self.readout == "linear":
+            o = self.c_out(o)
+        if self.gate is not None:
+            o = torch.sigmoid(self.gate(x)) * o
+        return self.output_proj(o)
+
+    def _step(self, x_t, pos, cache: RecurrentCache):
+        """One decoding step on the cache (updated in place). x_t: (B, d) -> (B, d)."""
+        q = None
+        if self.query is not None:
+            q, cq = self.query.step(x_t, pos, cache.conv_q)
+            cache.conv_q.copy_(cq)
+        a, ca = self.branch_a.step(x_t, pos, cache.conv_a)
+        b, cb = self.branch_b.step(x_t, pos, cache.conv_b)
+        for dst, src in ((cache.conv_a, ca), (cache.conv_b, cb)):
+            if src is not None:
+                dst.copy_(src)
+        a, b = self.norm_a(a), self.norm_b(b)
+        lam, beta, C = self.ssm.discretized()
+        if self.readout == "query":
+            o, _ = interdomain_decode_step(
+                q,
+                a,
+                b,
+                lam,
+                beta,
+                self.ssm.gram(self.readout_convention),
+                (cache.xk, cache.xv),
+                inplace=True,
+            )
+        else:
+            c = self._contraction(C)
+            ya, xk = s4d_linear_step(a, lam, beta, c, cache.xk)
+            yb, xv = s4d_linear_step(b, lam, beta, c, cache.xv)
+            cache.xk.copy_(xk)
+            cache.xv.copy_(xv)
+            o = ya + yb
+        return self._output(x_t, o)
+
+    @torch.no_grad()
+    def calibrate_(self, seq_len: int = 256, seed: int = 0) -> float:
+        """Rescale C so that the core's output has unit RMS on unit-variance inputs (init).
+
+        Returns the scale applied. The output is quadratic in C for the query readout (C enters
+        through CᴴC) and linear for the linear readout.
+        """
+        if self.ssm.C_re.is_meta:
+            return 1.0
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        x = torch.randn(1, seq_len, self.embed_dim, generator=g).to(self.output_proj.weight)
+        pos, reset = positions_and_resets(None, 1, seq_len, x.device)
+        q = None if self.query is None else self.query(x, pos, reset)[0]
+        a = self.norm_a(self.branch_a(x, pos, reset)[0])
+        b = self.norm_b(self.branch_b(x, pos, reset)[0])
+        rms = self._core(q, a, b, None)[0].float().pow(2).mean().sqrt().item()
+        scale = (1.0 / max(rms, 1e-12)) ** (0.5 if self.readout == "query" else 1.0)
+        self.ssm.C_re.mul_(scale)
+        self.ssm.C_im.mul_(scale)
+        return scale

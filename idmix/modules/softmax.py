@@ -1,0 +1,84 @@
+"""Llama-style multi-head softmax attention (the paper's baseline): RoPE, SDPA, a KV cache."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..functional import rope
+from .cache import KVCache
+from .documents import documents, positions_and_resets
+
+
+class SoftmaxAttention(nn.Module):
+    """4d² parameters (q, k, v, o projections, no biases); torchtune's attention contract.
+
+    Without a mask: causal, or block-causal when input_pos restarts at 0 inside a row (packed
+    documents). With a cache: keys/values are appended; ``mask`` (B, T, S_max), True = attend,
+    as torchtune's generation utilities build it, or causal over the filled cache if None.
+    """
+
+    def __init__(
+        self, embed_dim: int, num_heads: int, *, rope_base: float = 10000.0, use_rope: bool = True
+    ):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim: {embed_dim} is not divisible by num_heads={num_heads}")
+        self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.output_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.rope_base, self.use_rope = rope_base, use_rope
+        self.kv_cache: KVCache | None = None
+        self.cache_enabled = False
+
+    def setup_cache(self, batch_size: int, dtype: torch.dtype, max_seq_len: int) -> None:
+        self.kv_cache = KVCache.empty(
+            batch_size,
+            self.num_heads,
+            max_seq_len,
+            self.head_dim,
+            dtype,
+            device=self.q_proj.weight.device,
+        )
+        self.cache_enabled = True
+
+    def reset_cache(self) -> None:
+        if self.kv_cache is None:
+            raise RuntimeError("reset_cache: no cache; call setup_cache first")
+        self.kv_cache.zero_()
+
+    def forward(self, x, y=None, *, mask=None, input_pos=None):
+        B, T, d = x.shape
+        pos, reset = positions_and_resets(input_pos, B, T, x.device)
+        q, k, v = (
+            p(x).unflatten(-1, (self.num_heads, self.head_dim))
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        if self.use_rope:
+            q, k = rope(q, pos, self.rope_base), rope(k, pos, self.rope_base)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, d_h)
+        cache = self.kv_cache if self.cache_enabled else None
+        if cache is not None:
+            start = int(cache.length[0])
+            cache.k[:, :, start : start + T] = k.to(cache.k.dtype)
+            cache.v[:, :, start : start + T] = v.to(cache.v.dtype)
+            cache.length += T
+            k, v = cache.k.to(q.dtype), cache.v.to(q.dtype)
+            if mask is None:
+                cols = torch.arange(k.shape[2], device=x.device)
+                mask = cols[None, :] <= start + torch.arange(T, device=x.device)[:, None]
+                mask = mask.expand(B, T, -1)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, :, : k.shape[2]])
+        elif mask is not None:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+        elif documents(reset) is not None:
+            doc = reset.long().cumsum(dim=1)  # document id per position
+            same = doc[:, :, None] == doc[:, None, :]
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=(same & causal)[:, None])
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.output_proj(o.transpose(1, 2).reshape(B, T, d))

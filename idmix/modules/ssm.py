@@ -1,0 +1,61 @@
+"""Per-head complex diagonal S4D core: parameters, discretisation and the readout Gram."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..functional import complex_A, discretize, log_uniform_dt, readout_gram, s4d_inv_init
+
+
+class S4DCore(nn.Module):
+    """Parameters of H heads × M complex modes, one step size per head.
+
+    log_A_real, A_imag: (H, M) with A = -exp(log_A_real) + i·A_imag (S4D-Inv init);
+    log_dt: (H,), Δ log-uniform in [dt_min, dt_max]; C_re, C_im: (H, M, M), the full complex
+    readout (complex normal, std ``c_scale`` per real component). B = 1 (redundant next to C).
+    Parameter count: H(2M² + 2M + 1).
+    """
+
+    def __init__(self, num_heads: int, num_modes: int, dt_min=1e-3, dt_max=1e-1, c_scale=None):
+        super().__init__()
+        self.num_heads, self.num_modes = num_heads, num_modes
+        self.dt_min, self.dt_max = dt_min, dt_max
+        self.c_scale = c_scale if c_scale is not None else num_modes**-0.5
+        self.log_A_real = nn.Parameter(torch.empty(num_heads, num_modes))
+        self.A_imag = nn.Parameter(torch.empty(num_heads, num_modes))
+        self.log_dt = nn.Parameter(torch.empty(num_heads))
+        self.C_re = nn.Parameter(torch.empty(num_heads, num_modes, num_modes))
+        self.C_im = nn.Parameter(torch.empty(num_heads, num_modes, num_modes))
+        self._gram_cache = None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        if self.C_re.is_meta:
+            return
+        log_re, im = s4d_inv_init(self.num_heads, self.num_modes)
+        self.log_A_real.copy_(log_re)
+        self.A_imag.copy_(im)
+        self.log_dt.copy_(log_uniform_dt(self.num_heads, self.dt_min, self.dt_max))
+        nn.init.normal_(self.C_re, std=self.c_scale)
+        nn.init.normal_(self.C_im, std=self.c_scale)
+
+    def discretized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(lam, beta, C), each complex64 (H, M) / (H, M, M), in fp32 whatever the autocast."""
+        with torch.autocast(self.C_re.device.type, enabled=False):
+            A = complex_A(self.log_A_real.float(), self.A_imag.float())
+            lam, beta = discretize(torch.exp(self.log_dt.float()), A)
+            return lam, beta, torch.complex(self.C_re.float(), self.C_im.float())
+
+    def gram(self, readout: str) -> torch.Tensor:
+        """Ĝ (H, 2M, 2M) for the decode step; memoised while the weights are unchanged and no
+        gradient is being recorded (a decode loop computes it once, not once per token)."""
+        key = (readout, self.C_re._version, self.C_im._version, self.C_re.data_ptr())
+        if not torch.is_grad_enabled() and self._gram_cache and self._gram_cache[0] == key:
+            return self._gram_cache[1]
+        with torch.autocast(self.C_re.device.type, enabled=False):
+            G = readout_gram(torch.complex(self.C_re.float(), self.C_im.float()), readout)
+        if not torch.is_grad_enabled():
+            self._gram_cache = (key, G)
+        return G
