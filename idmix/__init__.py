@@ -1,1 +1,10 @@
-"""idmix."""
+"""idmix: Interdomain Attention for PyTorch.
+
+Core (``idmix.functional``, ``idmix.modules``) imports only torch and tensordict; model
+builders import torchtune when called.
+"""
+
+from .generation import generate, sample_next
+
+__version__ = "0.1.0"
+__all__ = ["generate", "sample_next"]

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..functional import rope, short_conv_step, short_conv_with_resets, silu_l2_feature_map
+from ..functional import (
+    rope,
+    short_conv,
+    short_conv_step,
+    short_conv_with_resets,
+    silu_l2_feature_map,
+)
 
 
 class Branch(nn.Module):
@@ -43,10 +49,13 @@ class Branch(nn.Module):
             self.conv_bias.zero_()
 
     def forward(self, x, positions, reset, conv_cache=None):
-        """x: (B, T, d); positions, reset: (B, T). Returns (y: (B, T, H, d_h), new conv cache)."""
+        """x: (B, T, d); positions (B, T); reset (B, T) bool or None (no document starts).
+        Returns (y: (B, T, H, d_h), new conv cache)."""
         h = self.proj(x)
         new_cache = None
-        if self.conv_size:
+        if self.conv_size and reset is None:
+            h, new_cache = short_conv(h, self.conv_weight, self.conv_bias, conv_cache)
+        elif self.conv_size:
             h, new_cache = short_conv_with_resets(
                 h, self.conv_weight, self.conv_bias, reset, conv_cache
             )

@@ -108,11 +108,12 @@ class SSMMixer(nn.Module):
         pos, reset = positions_and_resets(input_pos, B, T, x.device)
         cache = self.kv_cache if self.cache_enabled else None
         if cache is not None:
-            cache.reset_rows(reset[:, 0])
+            if reset is not None:
+                cache.reset_rows(reset[:, 0])
             if T == 1:
                 return self._step(x[:, 0], pos[:, 0], cache)[:, None]
         convs = (None, None, None) if cache is None else (cache.conv_q, cache.conv_a, cache.conv_b)
-        q = None
+        q, cq = None, None
         if self.query is not None:
             q, cq = self.query(x, pos, reset, convs[0])
         a, ca = self.branch_a(x, pos, reset, convs[1])
@@ -121,16 +122,18 @@ class SSMMixer(nn.Module):
         init = None if cache is None else (cache.xk, cache.xv)
         o, (xk, xv) = self._core_by_document(q, a, b, init, reset)
         if cache is not None:
-            cache.xk.copy_(xk)
-            cache.xv.copy_(xv)
-            for dst, src in zip(
-                (cache.conv_q, cache.conv_a, cache.conv_b),
-                (cq if q is not None else None, ca, cb),
-                strict=True,
-            ):
-                if src is not None:
-                    dst.copy_(src)
+            self._store(cache, xk, xv, cq, ca, cb)
         return self._output(x, o)
+
+    @staticmethod
+    @torch.no_grad()
+    def _store(cache: RecurrentCache, xk, xv, cq, ca, cb) -> None:
+        """Write the new state into the cache (inference state: never part of a graph)."""
+        cache.xk.copy_(xk)
+        cache.xv.copy_(xv)
+        for dst, src in zip((cache.conv_q, cache.conv_a, cache.conv_b), (cq, ca, cb), strict=True):
+            if src is not None:
+                dst.copy_(src)
 
     # internals ---------------------------------------------------------------------------------
     def _core(self, q, a, b, init):
@@ -186,8 +189,10 @@ class SSMMixer(nn.Module):
             o = torch.sigmoid(self.gate(x)) * o
         return self.output_proj(o)
 
+    @torch.no_grad()
     def _step(self, x_t, pos, cache: RecurrentCache):
-        """One decoding step on the cache (updated in place). x_t: (B, d) -> (B, d)."""
+        """One decoding step on the cache (updated in place). x_t: (B, d) -> (B, d).
+        Inference only: no graph is recorded."""
         q = None
         if self.query is not None:
             q, cq = self.query.step(x_t, pos, cache.conv_q)

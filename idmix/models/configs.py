@@ -1,0 +1,77 @@
+"""Named model builders: the paper's four scales (Table 3, exact parameter counts) and small
+CPU sizes. Zero-argument, torchtune-style: ``interdomain_125m()``, ``softmax_1_3b()``, …"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from .decoder import decoder
+
+PAPER_VOCAB = 32_000
+PAPER_CONTEXT = 4096
+
+# name: (embed_dim, num_layers, num_heads) — paper-notes §4; d_h = 64 except 760M (96)
+PAPER_SCALES = {
+    "125m": (768, 12, 12),
+    "350m": (1024, 24, 16),
+    "760m": (1536, 24, 16),
+    "1_3b": (2048, 24, 32),
+}
+# CPU sizes (ours): tiny d=128, 2 layers, 4 heads of 32, M=16; small d=256, 4 layers, 4 heads
+# of 64, M=32. Vocabulary 4096 (the embedded corpus's BPE), context 2048.
+CPU_SCALES = {"tiny": (128, 2, 4, 16), "small": (256, 4, 4, 32)}
+CPU_VOCAB = 4096
+CPU_CONTEXT = 2048
+
+
+def paper_model(mixer: str, scale: str, **overrides):
+    """One of the paper's models: mixer in {interdomain, softmax, s4d, <ablation cell>}."""
+    d, layers, heads = PAPER_SCALES[scale]
+    kwargs = dict(
+        vocab_size=PAPER_VOCAB,
+        num_layers=layers,
+        num_heads=heads,
+        embed_dim=d,
+        max_seq_len=PAPER_CONTEXT,
+        mixer=mixer,
+    )
+    if mixer != "softmax":
+        kwargs["num_modes"] = 64
+    return decoder(**{**kwargs, **overrides})
+
+
+def cpu_model(mixer: str, scale: str, **overrides):
+    d, layers, heads, modes = CPU_SCALES[scale]
+    kwargs = dict(
+        vocab_size=CPU_VOCAB,
+        num_layers=layers,
+        num_heads=heads,
+        embed_dim=d,
+        max_seq_len=CPU_CONTEXT,
+        mixer=mixer,
+    )
+    if mixer != "softmax":
+        kwargs["num_modes"] = modes
+    return decoder(**{**kwargs, **overrides})
+
+
+def _named(mixer: str, scale: str):
+    build = cpu_model if scale in CPU_SCALES else paper_model
+    fn = partial(build, mixer, scale)
+    fn.__name__ = f"{mixer}_{scale}"
+    fn.__doc__ = f"{mixer} model at the {scale} scale (keyword overrides go to ``decoder``)."
+    return fn
+
+
+for _mixer in ("interdomain", "softmax", "s4d"):
+    for _scale in (*PAPER_SCALES, *CPU_SCALES):
+        globals()[f"{_mixer}_{_scale}"] = _named(_mixer, _scale)
+
+MODEL_BUILDERS = sorted(
+    f"{m}_{s}" for m in ("interdomain", "softmax", "s4d") for s in (*PAPER_SCALES, *CPU_SCALES)
+)
+
+
+def ablation_125m(cell: str, **overrides):
+    """One of the six Table 4 cells at 125M."""
+    return paper_model(cell, "125m", **overrides)
