@@ -15,10 +15,10 @@ from ..functional import (
 
 
 class Branch(nn.Module):
-    """x -> W x -> [short conv] -> [RoPE] -> [ξ per head], at width d before the head split.
+    """x -> W x -> [short conv] -> [RoPE] -> [ξ per head], at width H·d_h before the head split.
 
-    proj: d×d, no bias; conv: depthwise, kernel ``conv_size``, with bias (5d parameters at
-    kernel 4). RoPE and ξ act per head of size d_h. Output (B, T, H, d_h).
+    proj: d × H·d_h, no bias (d_h defaults to d/H); conv: depthwise, kernel ``conv_size``, with
+    bias (5·H·d_h parameters at kernel 4). RoPE and ξ act per head. Output (B, T, H, d_h).
     """
 
     def __init__(
@@ -26,6 +26,7 @@ class Branch(nn.Module):
         embed_dim,
         num_heads,
         *,
+        head_dim=None,
         conv=True,
         use_rope=False,
         feature_map=False,
@@ -33,12 +34,13 @@ class Branch(nn.Module):
         rope_base=10000.0,
     ):
         super().__init__()
-        self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
-        self.proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.num_heads, self.head_dim = num_heads, head_dim or embed_dim // num_heads
+        width = self.out_dim = num_heads * self.head_dim
+        self.proj = nn.Linear(embed_dim, width, bias=False)
         self.conv_size = conv_size if conv else 0
         if conv:
-            self.conv_weight = nn.Parameter(torch.empty(embed_dim, conv_size))
-            self.conv_bias = nn.Parameter(torch.zeros(embed_dim))
+            self.conv_weight = nn.Parameter(torch.empty(width, conv_size))
+            self.conv_bias = nn.Parameter(torch.zeros(width))
             self._reset_conv()
         self.use_rope, self.feature_map, self.rope_base = use_rope, feature_map, rope_base
 

@@ -25,21 +25,11 @@ class RecurrentCache:
 
     @classmethod
     def empty(
-        cls,
-        batch_size,
-        num_heads,
-        num_modes,
-        key_dim,
-        value_dim,
-        conv_widths,
-        embed_dim,
-        dtype,
-        device=None,
+        cls, batch_size, num_heads, num_modes, key_dim, value_dim, conv_shapes, dtype, device=None
     ):
+        """conv_shapes: ((W-1, channels) of the query, a and b branches)."""
         xk, xv = empty_state(batch_size, num_heads, num_modes, key_dim, value_dim, device=device)
-        convs = [
-            torch.zeros(batch_size, w, embed_dim, dtype=dtype, device=device) for w in conv_widths
-        ]
+        convs = [torch.zeros(batch_size, w, c, dtype=dtype, device=device) for w, c in conv_shapes]
         return cls(
             xk=xk, xv=xv, conv_q=convs[0], conv_a=convs[1], conv_b=convs[2], batch_size=[batch_size]
         )

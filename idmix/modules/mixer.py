@@ -41,16 +41,24 @@ class SSMMixer(nn.Module):
         norm_eps: float = 1e-6,
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
+        num_state_groups: int | None = None,
     ):
         super().__init__()
+        G = num_state_groups or num_heads
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim: {embed_dim} is not divisible by num_heads={num_heads}")
         if input_path not in INPUT_PATHS:
             raise ValueError(f"input_path: expected one of {INPUT_PATHS}, got {input_path!r}")
         if readout not in READOUTS:
             raise ValueError(f"readout: expected one of {READOUTS}, got {readout!r}")
+        if num_heads % G or (G != num_heads and readout != "query"):
+            raise ValueError(
+                f"num_state_groups: expected a divisor of num_heads={num_heads} (query readout "
+                f"only), got {num_state_groups!r} with readout={readout!r}"
+            )
         H, d_h = num_heads, embed_dim // num_heads
         self.embed_dim, self.num_heads, self.head_dim, self.num_modes = embed_dim, H, d_h, num_modes
+        self.num_state_groups = G
         self.input_path, self.readout, self.readout_convention = (
             input_path,
             readout,
@@ -64,10 +72,14 @@ class SSMMixer(nn.Module):
             else None
         )
         dual = input_path == "dual_kv"
-        self.branch_a = Branch(embed_dim, H, conv=True, use_rope=use_rope, feature_map=dual, **kw)
-        self.branch_b = Branch(embed_dim, H, conv=not dual, **kw)
-        self.norm_a, self.norm_b = HeadNorm(H, d_h, norm_eps), HeadNorm(H, d_h, norm_eps)
-        self.ssm = S4DCore(H, num_modes, dt_min, dt_max)
+        # With grouped state (G < H), the two input halves and the SSM have G heads and every
+        # query head reads the (U, Γ) of its group, like GQA: the state shrinks H/G times.
+        self.branch_a = Branch(
+            embed_dim, G, head_dim=d_h, conv=True, use_rope=use_rope, feature_map=dual, **kw
+        )
+        self.branch_b = Branch(embed_dim, G, head_dim=d_h, conv=not dual, **kw)
+        self.norm_a, self.norm_b = HeadNorm(G, d_h, norm_eps), HeadNorm(G, d_h, norm_eps)
+        self.ssm = S4DCore(G, num_modes, dt_min, dt_max)
         if readout == "linear":
             self.mode_weights = nn.Parameter(torch.full((H, num_modes), num_modes**-0.5))
             self.c_out = nn.Linear(embed_dim, embed_dim, bias=False)
@@ -79,18 +91,17 @@ class SSMMixer(nn.Module):
     # torchtune attention contract -------------------------------------------------------------
     def setup_cache(self, batch_size: int, dtype: torch.dtype, max_seq_len: int = 0) -> None:
         """Allocate the decoding state; its size does not depend on max_seq_len."""
-        widths = [
-            b.conv_size - 1 if b is not None and b.conv_size else 0
+        shapes = [
+            (b.conv_size - 1, b.out_dim) if b is not None and b.conv_size else (0, 0)
             for b in (self.query, self.branch_a, self.branch_b)
         ]
         self.kv_cache = RecurrentCache.empty(
             batch_size,
-            self.num_heads,
+            self.num_state_groups,
             self.num_modes,
             self.head_dim,
             self.head_dim,
-            widths,
-            self.embed_dim,
+            shapes,
             dtype,
             device=self.output_proj.weight.device,
         )
@@ -137,8 +148,10 @@ class SSMMixer(nn.Module):
 
     # internals ---------------------------------------------------------------------------------
     def _core(self, q, a, b, init):
-        """One document per row. q, a: (B, T, H, d_h); b: (B, T, H, d_h). Returns (o, state)."""
+        """One document per row. q: (B, T, H, d_h); a, b: (B, T, G, d_h). Returns (o, state)."""
         lam, beta, C = self.ssm.discretized()
+        if self.readout == "query" and self.num_state_groups != self.num_heads:
+            return self._grouped_core(q, a, b, lam, beta, C, init)
         if self.readout == "query":
             return interdomain_attention(
                 q,
@@ -157,6 +170,32 @@ class SSMMixer(nn.Module):
         y, X = s4d_linear_readout(z, lam, beta, self._contraction(C), init_z, True)
         d_h = self.head_dim
         return y[..., :d_h] + y[..., d_h:], (X[..., :d_h], X[..., d_h:])
+
+    def _grouped_core(self, q, a, b, lam, beta, C, init):
+        """Grouped state: the r = H/G query heads of a group become r batch replicas that share
+        one state (replicas of a, b and the initial state; one state is kept)."""
+        B, T, H, d_h = q.shape
+        G, r = self.num_state_groups, H // self.num_state_groups
+
+        def replicate(x):  # (B, ...) -> (B·r, ...)
+            return x.unsqueeze(1).expand(B, r, *x.shape[1:]).flatten(0, 1)
+
+        q_r = q.unflatten(2, (G, r)).permute(0, 3, 1, 2, 4).flatten(0, 1)  # (B·r, T, G, d_h)
+        init_r = None if init is None else tuple(replicate(s) for s in init)
+        o, (xk, xv) = interdomain_attention(
+            q_r,
+            replicate(a),
+            replicate(b),
+            lam,
+            beta,
+            C,
+            readout=self.readout_convention,
+            initial_state=init_r,
+            return_final_state=True,
+            chunk_size=self.chunk_size,
+        )
+        o = o.unflatten(0, (B, r)).permute(0, 2, 3, 1, 4).flatten(2, 3)  # (B, T, H, d_h)
+        return o, (xk[::r], xv[::r])
 
     def _contraction(self, C):
         """c = Cᵀ w: the per-head mode contraction of the linear readout, (H, M) complex."""
@@ -205,8 +244,9 @@ class SSMMixer(nn.Module):
         a, b = self.norm_a(a), self.norm_b(b)
         lam, beta, C = self.ssm.discretized()
         if self.readout == "query":
+            G = self.num_state_groups
             o, _ = interdomain_decode_step(
-                q,
+                q.unflatten(1, (G, -1)),
                 a,
                 b,
                 lam,
@@ -215,6 +255,7 @@ class SSMMixer(nn.Module):
                 (cache.xk, cache.xv),
                 inplace=True,
             )
+            o = o.flatten(1, 2)  # (B, H, d_h)
         else:
             c = self._contraction(C)
             ya, xk = s4d_linear_step(a, lam, beta, c, cache.xk)

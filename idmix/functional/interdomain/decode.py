@@ -42,10 +42,11 @@ def interdomain_decode_step(
 ) -> tuple[torch.Tensor, State]:
     """Advance the state by one position and read it out.
 
-    q, k: (B, H, R); v: (B, H, D); lam, beta: (H, M) complex; G_hat: (H, 2M, 2M) real, blocked
+    q: (B, H, R), or (B, H, r, R) for r query heads reading each state head (grouped state);
+    k: (B, H, R); v: (B, H, D); lam, beta: (H, M) complex; G_hat: (H, 2M, 2M) real, blocked
     (``readout_gram(C, readout)``, computed once per set of weights, not per step);
     state: (Xk: (B, H, M, R), Xv: (B, H, M, D)) complex, updated in place if ``inplace``.
-    Returns (o: (B, H, D) in q's dtype, new state).
+    Returns (o: (B, H, D), or (B, H, r, D), in q's dtype; new state).
 
     Steps: X ← λ⊙X + β⊗z; p = Xᵏ q; w̃ = Ĝ [Re p; Im p]; o = Re(Xᵛᴴ (w̃[:M] + i w̃[M:])).
     U and Γ are never formed (the paper's O(M²(R+D)) form); the state is read once.
@@ -61,11 +62,14 @@ def interdomain_decode_step(
             new.append(torch.addcmul(zb, lam_, XT, out=out))
         KT, VT = new
         B, H, M = KT.shape[0], KT.shape[1], KT.shape[-1]
-        p = q.to(rdtype)[:, :, None, :] @ _interleaved(KT)  # (B, H, 1, 2M) interleaved
-        p_blocked = p.view(B, H, M, 2).transpose(-1, -2).reshape(B, H, 1, 2 * M)
+        rows = q.to(rdtype) if q.dim() == 4 else q.to(rdtype)[:, :, None, :]  # (B, H, r, R)
+        r = rows.shape[2]
+        p = rows @ _interleaved(KT)  # (B, H, r, 2M) interleaved
+        p_blocked = p.view(B, H, r, M, 2).transpose(-1, -2).reshape(B, H, r, 2 * M)
         # Row-vector products throughout: CPU BLAS is several times faster at x @ A than A @ x.
-        w = (p_blocked @ G_hat.mT).view(B, H, 2, M).transpose(-1, -2).reshape(B, H, 1, 2 * M)
-        o = (w @ _interleaved(VT).mT).squeeze(-2)  # Σ_m Re(Xᵛ)w_re + Im(Xᵛ)w_im
+        w = (p_blocked @ G_hat.mT).view(B, H, r, 2, M).transpose(-1, -2).reshape(B, H, r, 2 * M)
+        o = w @ _interleaved(VT).mT  # Σ_m Re(Xᵛ)w_re + Im(Xᵛ)w_im: (B, H, r, D)
+        o = o if q.dim() == 4 else o.squeeze(-2)
         Xk, Xv = KT.mT, VT.mT
         if inplace:
             for old, fresh in zip(state, (Xk, Xv), strict=True):

@@ -1,0 +1,92 @@
+"""Mixers: options, ablation cells, grouped state, validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from idmix.modules import (
+    ABLATION_CELLS,
+    InterdomainAttention,
+    S4DMixer,
+    SoftmaxAttention,
+    SSMMixer,
+    ablation_cell,
+)
+
+D, H, M = 32, 4, 8
+
+
+def params(m):
+    return sum(p.numel() for p in m.parameters())
+
+
+@pytest.mark.parametrize("cell", sorted(ABLATION_CELLS))
+def test_every_cell_trains_every_parameter(cell):
+    m = ablation_cell(cell, D, H, num_modes=M, chunk_size=8)
+    x = torch.randn(2, 21, D)
+    out = m(x)
+    assert out.shape == x.shape and torch.isfinite(out).all()
+    out.square().mean().backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, f"{name} gets no gradient"
+
+
+def test_options_change_the_layer():
+    torch.manual_seed(0)
+    base = InterdomainAttention(D, H, num_modes=M)
+    gated = InterdomainAttention(D, H, num_modes=M, gate=True)
+    assert params(gated) == params(base) + D * D
+    prod = InterdomainAttention(D, H, num_modes=M, readout_convention="product")
+    prod.load_state_dict(base.state_dict())
+    x = torch.randn(1, 17, D)
+    assert not torch.allclose(prod(x), base(x))
+    assert params(S4DMixer(D, H, num_modes=M)) == params(base) + H * M
+    assert params(SoftmaxAttention(D, H)) == 4 * D * D
+
+
+def test_grouped_state_equals_tied_heads():
+    """G groups of r query heads == an ungrouped layer whose k/v/SSM weights repeat per group."""
+    torch.manual_seed(0)
+    G, r = 2, 2
+    grouped = InterdomainAttention(D, H, num_modes=M, num_state_groups=G, chunk_size=8)
+    full = InterdomainAttention(D, H, num_modes=M, chunk_size=8)
+    sd = {}
+    for name, t in grouped.state_dict().items():
+        if name.startswith(("branch_a", "branch_b")) and t.dim() >= 1:
+            t = t.view(G, D // H, *t.shape[1:]).repeat_interleave(r, 0).flatten(0, 1)
+        elif name.startswith(("norm_a.bias", "norm_b.bias", "ssm.")):
+            t = t.repeat_interleave(r, 0)
+        sd[name] = t
+    full.load_state_dict(sd)
+    x = torch.randn(2, 29, D)
+    torch.testing.assert_close(grouped(x), full(x), atol=1e-5, rtol=1e-5)
+    grouped.setup_cache(2, torch.float32)
+    assert grouped.kv_cache.xk.shape[1] == G  # the state shrinks H/G times
+
+
+def test_calibration_gives_unit_rms():
+    m = InterdomainAttention(D, H, num_modes=M)
+    m.calibrate_()
+    assert abs(m.calibrate_() - 1.0) < 1e-4
+
+
+def test_mixer_errors():
+    with pytest.raises(ValueError, match="input_path: expected one of"):
+        SSMMixer(D, H, input_path="triple")
+    with pytest.raises(ValueError, match="readout: expected one of"):
+        SSMMixer(D, H, readout="softmax")
+    with pytest.raises(ValueError, match="num_state_groups: expected a divisor of num_heads=4"):
+        InterdomainAttention(D, H, num_state_groups=3)
+    with pytest.raises(ValueError, match="num_state_groups"):
+        S4DMixer(D, H, num_state_groups=2)
+    with pytest.raises(ValueError, match="embed_dim: 30 is not divisible by num_heads=4"):
+        InterdomainAttention(30, H)
+    with pytest.raises(ValueError, match="name: expected one of"):
+        ablation_cell("full_rope", D, H)
+    m = InterdomainAttention(D, H, num_modes=M)
+    with pytest.raises(RuntimeError, match="reset_cache: no cache"):
+        m.reset_cache()
+    with pytest.raises(ValueError, match=r"input_pos: expected \(1, 5\)"):
+        m(torch.randn(1, 5, D), input_pos=torch.zeros(2, 5, dtype=torch.long))
