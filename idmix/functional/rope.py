@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
+
+
+@lru_cache(maxsize=32)
+def _inv_freq(dim: int, base: float, device: torch.device) -> torch.Tensor:
+    return base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -14,7 +21,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> tor
     F_ = x.shape[-1]
     if F_ % 2:
         raise ValueError(f"x: rope needs an even last dim, got {F_}")
-    inv_freq = base ** (-torch.arange(0, F_, 2, device=x.device, dtype=torch.float32) / F_)
+    inv_freq = _inv_freq(F_, float(base), x.device)
     pos = positions.to(torch.float32)
     if pos.dim() == 1:
         pos = pos[None]

@@ -28,6 +28,7 @@ class S4DCore(nn.Module):
         self.C_re = nn.Parameter(torch.empty(num_heads, num_modes, num_modes))
         self.C_im = nn.Parameter(torch.empty(num_heads, num_modes, num_modes))
         self._gram_cache = None
+        self._disc_cache = None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -41,21 +42,32 @@ class S4DCore(nn.Module):
         nn.init.normal_(self.C_re, std=self.c_scale)
         nn.init.normal_(self.C_im, std=self.c_scale)
 
+    def _key(self):
+        return tuple((p.data_ptr(), p._version) for p in self.parameters())
+
     def discretized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(lam, beta, C), each complex64 (H, M) / (H, M, M), in fp32 whatever the autocast."""
+        """(lam, beta, C), each complex64 (H, M) / (H, M, M), in fp32 whatever the autocast.
+        Memoised while no gradient is recorded and the weights are unchanged (decoding)."""
+        memo = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        if memo and self._disc_cache is not None and self._disc_cache[0] == self._key():
+            return self._disc_cache[1]
         with torch.autocast(self.C_re.device.type, enabled=False):
             A = complex_A(self.log_A_real.float(), self.A_imag.float())
             lam, beta = discretize(torch.exp(self.log_dt.float()), A)
-            return lam, beta, torch.complex(self.C_re.float(), self.C_im.float())
+            out = lam, beta, torch.complex(self.C_re.float(), self.C_im.float())
+        if memo:
+            self._disc_cache = (self._key(), out)
+        return out
 
     def gram(self, readout: str) -> torch.Tensor:
         """Ĝ (H, 2M, 2M) for the decode step; memoised while the weights are unchanged and no
         gradient is being recorded (a decode loop computes it once, not once per token)."""
-        key = (readout, self.C_re._version, self.C_im._version, self.C_re.data_ptr())
-        if not torch.is_grad_enabled() and self._gram_cache and self._gram_cache[0] == key:
+        memo = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        key = (readout, self._key())
+        if memo and self._gram_cache is not None and self._gram_cache[0] == key:
             return self._gram_cache[1]
         with torch.autocast(self.C_re.device.type, enabled=False):
             G = readout_gram(torch.complex(self.C_re.float(), self.C_im.float()), readout)
-        if not torch.is_grad_enabled():
+        if memo:
             self._gram_cache = (key, G)
         return G

@@ -1,0 +1,131 @@
+"""Whole models on CPU: training-step tokens/s of the three mixers, and decoding tokens/s and
+cache memory against context length (interdomain vs softmax).
+
+    python benchmarks/bench_models_cpu.py            # tiny+small at T in {512, 2K, 8K}; 512..32K
+    python benchmarks/bench_models_cpu.py --quick    # tiny only, T <= 2K; contexts <= 8K
+
+Training step = forward + cross-entropy + backward + AdamW, B=1, fp32. Decoding: B=1, one
+token per step through the cache; the cache is filled to the context length directly (a KV
+cache of random keys/values, a random SSM state): a step's cost depends on the cache's size,
+not its contents, and a 32K softmax prefill would dominate the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import blocked_medians, print_table  # noqa: E402
+
+from idmix import models  # noqa: E402
+
+MIXERS = ("interdomain", "s4d", "softmax")
+
+
+def train_step_fn(model, T):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, 4096, (1, T + 1))
+
+    def step():
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def training_table(scales, lengths):
+    rows = []
+    for scale in scales:
+        built = {m: models.cpu_model(m, scale, max_seq_len=max(lengths)) for m in MIXERS}
+        for T in lengths:
+            fns = {m: train_step_fn(built[m], T) for m in MIXERS}
+            t = blocked_medians(fns, calls=1, rounds=3 if T <= 2048 else 2)
+            tps = {m: T / t[m] for m in MIXERS}
+            rows.append([scale, str(T)] + [f"{tps[m]:.0f}" for m in MIXERS]
+                        + [f"{tps['interdomain'] / tps['softmax']:.2f}x"])
+    print_table("Training step tokens/s (B=1, fp32, fwd+bwd+AdamW; ratio = interdomain/softmax)",
+                ["size", "T", *MIXERS, "ratio"], rows)
+
+
+def cache_bytes(model):
+    return sum(t.numel() * t.element_size()
+               for layer in model.layers
+               for t in layer.attn.kv_cache.to_tensordict().values(True, True))
+
+
+@torch.no_grad()
+def fill_cache(model, ctx):
+    for layer in model.layers:
+        cache = layer.attn.kv_cache
+        if hasattr(cache, "length"):  # softmax KV cache
+            cache.k[:, :, :ctx].normal_()
+            cache.v[:, :, :ctx].normal_()
+            cache.length.fill_(ctx)
+        else:
+            cache.xk.copy_(torch.randn_like(cache.xk) * 0.1)
+            cache.xv.copy_(torch.randn_like(cache.xv) * 0.1)
+
+
+def decode_fn(model, ctx):
+    model.setup_caches(batch_size=1, dtype=torch.float32, decoder_max_seq_len=ctx + 1)
+    fill_cache(model, ctx)
+    token = torch.randint(0, 4096, (1, 1))
+    pos = torch.tensor([[ctx]])
+    mask = torch.ones(1, 1, ctx + 1, dtype=torch.bool)
+
+    @torch.no_grad()
+    def step():
+        for layer in model.layers:  # decode the same position again: constant cache length
+            if hasattr(layer.attn.kv_cache, "length"):
+                layer.attn.kv_cache.length.fill_(ctx)
+        model(token, mask=mask, input_pos=pos)
+
+    return step
+
+
+def decode_table(scale, contexts, calls):
+    rows, first = [], None
+    built = {m: models.cpu_model(m, scale, max_seq_len=max(contexts) + 1)
+             for m in ("interdomain", "softmax")}
+    for ctx in contexts:
+        fns = {m: decode_fn(built[m], ctx) for m in built}
+        mem = {m: cache_bytes(built[m]) / 2**20 for m in built}
+        t = blocked_medians(fns, calls=calls, rounds=3)
+        tps = {m: 1 / t[m] for m in built}
+        first = first or tps["interdomain"]
+        rows.append([str(ctx), f"{tps['interdomain']:.0f}", f"{tps['softmax']:.0f}",
+                     f"{tps['interdomain'] / tps['softmax']:.2f}x",
+                     f"{tps['interdomain'] / first:.3f}",
+                     f"{mem['interdomain']:.2f}", f"{mem['softmax']:.1f}"])
+        for m in built.values():
+            for layer in m.layers:
+                layer.attn.cache_enabled = False
+    print_table(
+        f"Decoding, {scale} model, B=1 (tokens/s; flat = interdomain tokens/s / its first value; "
+        "cache MiB)",
+        ["context", "interdomain tok/s", "softmax tok/s", "ratio", "flat", "interdomain MiB",
+         "softmax MiB"], rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    if args.quick:
+        training_table(["tiny"], [512, 2048])
+        decode_table("tiny", [512, 2048, 8192], calls=20)
+    else:
+        training_table(["tiny", "small"], [512, 2048, 8192])
+        decode_table("small", [512, 1024, 2048, 4096, 8192, 16384, 32768], calls=30)
+
+
+if __name__ == "__main__":
+    main()
