@@ -173,8 +173,15 @@ def decode_table(contexts, steps):
     rows = []
     for ctx in contexts:
         sdpa = blocked_medians({"sdpa": fns[ctx]["sdpa"]}, steps, rounds=3)["sdpa"]
-        rows.append([str(ctx), f"{ours[ctx] * 1e6:.0f}", f"{sdpa * 1e6:.0f}",
-                     f"{sdpa / ours[ctx]:.2f}x", f"{ours[ctx] / ours[contexts[0]]:.3f}"])
+        rows.append(
+            [
+                str(ctx),
+                f"{ours[ctx] * 1e6:.0f}",
+                f"{sdpa * 1e6:.0f}",
+                f"{sdpa / ours[ctx]:.2f}x",
+                f"{ours[ctx] / ours[contexts[0]]:.3f}",
+            ]
+        )
     print_table(
         "Decode step latency (us per token, all heads; flat = latency / latency at first context)",
         ["context", "interdomain step", "SDPA KV-cache step", "speed-up", "flat"],
