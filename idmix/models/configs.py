@@ -24,35 +24,30 @@ CPU_VOCAB = 4096
 CPU_CONTEXT = 2048
 
 
-def paper_model(mixer: str, scale: str, **overrides):
-    """One of the paper's models: mixer in {interdomain, softmax, s4d, <ablation cell>}."""
-    d, layers, heads = PAPER_SCALES[scale]
+def _build(mixer, vocab_size, max_seq_len, dims, num_modes, overrides):
+    d, layers, heads = dims
     kwargs = dict(
-        vocab_size=PAPER_VOCAB,
+        vocab_size=vocab_size,
         num_layers=layers,
         num_heads=heads,
         embed_dim=d,
-        max_seq_len=PAPER_CONTEXT,
+        max_seq_len=max_seq_len,
         mixer=mixer,
     )
     if mixer != "softmax":
-        kwargs["num_modes"] = 64
+        kwargs["num_modes"] = num_modes
     return decoder(**{**kwargs, **overrides})
+
+
+def paper_model(mixer: str, scale: str, **overrides):
+    """One of the paper's models: mixer in {interdomain, softmax, s4d, <ablation cell>}."""
+    return _build(mixer, PAPER_VOCAB, PAPER_CONTEXT, PAPER_SCALES[scale], 64, overrides)
 
 
 def cpu_model(mixer: str, scale: str, **overrides):
-    d, layers, heads, modes = CPU_SCALES[scale]
-    kwargs = dict(
-        vocab_size=CPU_VOCAB,
-        num_layers=layers,
-        num_heads=heads,
-        embed_dim=d,
-        max_seq_len=CPU_CONTEXT,
-        mixer=mixer,
-    )
-    if mixer != "softmax":
-        kwargs["num_modes"] = modes
-    return decoder(**{**kwargs, **overrides})
+    """A CPU-sized model (``CPU_SCALES``)."""
+    *dims, modes = CPU_SCALES[scale]
+    return _build(mixer, CPU_VOCAB, CPU_CONTEXT, dims, modes, overrides)
 
 
 def _named(mixer: str, scale: str):

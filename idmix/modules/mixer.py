@@ -15,6 +15,7 @@ from torch import nn
 
 from ..functional import interdomain_attention, interdomain_decode_step
 from ..functional.s4d_readout import s4d_linear_readout, s4d_linear_step
+from .base import CachedMixer
 from .branches import Branch, HeadNorm
 from .cache import RecurrentCache
 from .documents import documents, positions_and_resets
@@ -24,7 +25,7 @@ INPUT_PATHS = ("dual_kv", "generic")
 READOUTS = ("query", "linear")
 
 
-class SSMMixer(nn.Module):
+class SSMMixer(CachedMixer):
     def __init__(
         self,
         embed_dim: int,
@@ -85,8 +86,6 @@ class SSMMixer(nn.Module):
             self.c_out = nn.Linear(embed_dim, embed_dim, bias=False)
         self.gate = nn.Linear(embed_dim, embed_dim, bias=False) if gate else None
         self.output_proj = nn.Linear(embed_dim, embed_dim, bias=False)
-        self.kv_cache: RecurrentCache | None = None
-        self.cache_enabled = False
 
     # torchtune attention contract -------------------------------------------------------------
     def setup_cache(self, batch_size: int, dtype: torch.dtype, max_seq_len: int = 0) -> None:
@@ -106,11 +105,6 @@ class SSMMixer(nn.Module):
             device=self.output_proj.weight.device,
         )
         self.cache_enabled = True
-
-    def reset_cache(self) -> None:
-        if self.kv_cache is None:
-            raise RuntimeError("reset_cache: no cache; call setup_cache first")
-        self.kv_cache.zero_()
 
     def forward(self, x, y=None, *, mask=None, input_pos=None):
         """x: (B, T, d). mask is ignored (causality is in the recurrence); input_pos (B, T):
@@ -153,23 +147,26 @@ class SSMMixer(nn.Module):
         if self.readout == "query" and self.num_state_groups != self.num_heads:
             return self._grouped_core(q, a, b, lam, beta, C, init)
         if self.readout == "query":
-            return interdomain_attention(
-                q,
-                a,
-                b,
-                lam,
-                beta,
-                C,
-                readout=self.readout_convention,
-                initial_state=init,
-                return_final_state=True,
-                chunk_size=self.chunk_size,
-            )
+            return self._query_op(q, a, b, lam, beta, C, init)
         z = torch.cat([a, b], dim=-1)
         init_z = None if init is None else torch.cat(init, dim=-1)
         y, X = s4d_linear_readout(z, lam, beta, self._contraction(C), init_z, True)
         d_h = self.head_dim
         return y[..., :d_h] + y[..., d_h:], (X[..., :d_h], X[..., d_h:])
+
+    def _query_op(self, q, a, b, lam, beta, C, init):
+        return interdomain_attention(
+            q,
+            a,
+            b,
+            lam,
+            beta,
+            C,
+            readout=self.readout_convention,
+            initial_state=init,
+            return_final_state=True,
+            chunk_size=self.chunk_size,
+        )
 
     def _grouped_core(self, q, a, b, lam, beta, C, init):
         """Grouped state: the r = H/G query heads of a group become r batch replicas that share
@@ -182,18 +179,7 @@ class SSMMixer(nn.Module):
 
         q_r = q.unflatten(2, (G, r)).permute(0, 3, 1, 2, 4).flatten(0, 1)  # (B·r, T, G, d_h)
         init_r = None if init is None else tuple(replicate(s) for s in init)
-        o, (xk, xv) = interdomain_attention(
-            q_r,
-            replicate(a),
-            replicate(b),
-            lam,
-            beta,
-            C,
-            readout=self.readout_convention,
-            initial_state=init_r,
-            return_final_state=True,
-            chunk_size=self.chunk_size,
-        )
+        o, (xk, xv) = self._query_op(q_r, replicate(a), replicate(b), lam, beta, C, init_r)
         o = o.unflatten(0, (B, r)).permute(0, 2, 3, 1, 4).flatten(2, 3)  # (B, T, H, d_h)
         return o, (xk[::r], xv[::r])
 

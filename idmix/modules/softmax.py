@@ -7,11 +7,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..functional import rope
+from .base import CachedMixer
 from .cache import KVCache
 from .documents import documents, positions_and_resets
 
 
-class SoftmaxAttention(nn.Module):
+class SoftmaxAttention(CachedMixer):
     """4d² parameters (q, k, v, o projections, no biases); torchtune's attention contract.
 
     Without a mask: causal, or block-causal when input_pos restarts at 0 inside a row (packed
@@ -31,8 +32,6 @@ class SoftmaxAttention(nn.Module):
         self.v_proj = nn.Linear(embed_dim, embed_dim, bias=False)
         self.output_proj = nn.Linear(embed_dim, embed_dim, bias=False)
         self.rope_base, self.use_rope = rope_base, use_rope
-        self.kv_cache: KVCache | None = None
-        self.cache_enabled = False
 
     def setup_cache(self, batch_size: int, dtype: torch.dtype, max_seq_len: int) -> None:
         self.kv_cache = KVCache.empty(
@@ -44,11 +43,6 @@ class SoftmaxAttention(nn.Module):
             device=self.q_proj.weight.device,
         )
         self.cache_enabled = True
-
-    def reset_cache(self) -> None:
-        if self.kv_cache is None:
-            raise RuntimeError("reset_cache: no cache; call setup_cache first")
-        self.kv_cache.zero_()
 
     def forward(self, x, y=None, *, mask=None, input_pos=None):
         B, T, d = x.shape
