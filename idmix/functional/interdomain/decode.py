@@ -30,6 +30,42 @@ def _interleaved(x: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(x).flatten(-2)
 
 
+BACKENDS = ("torch", "triton")
+
+
+def _pick_backend(backend: str | None, q: torch.Tensor) -> str:
+    if backend is None:
+        if not q.is_cuda:
+            return "torch"
+        try:
+            import idmix_kernels  # noqa: F401
+        except ImportError:
+            return "torch"
+        return "triton"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS} or None, got {backend!r}")
+    return backend
+
+
+def _triton_step(q, k, v, lam, beta, G_hat, state, inplace):
+    import idmix_kernels
+
+    if q.dim() != 3:
+        raise ValueError(f"q: the triton decode step takes (B, H, R), got {tuple(q.shape)}")
+    Xk, Xv = state if inplace else (s.clone() for s in state)
+    work = [X if X.dtype == torch.complex64 and X.mT.stride(-1) == 1 else None for X in (Xk, Xv)]
+    if None in work:  # copy into the kernel's layout, then back
+        B, H, M, R = Xk.shape
+        work = list(empty_state(B, H, M, R, Xv.shape[-1], device=q.device))
+        work[0].copy_(Xk)
+        work[1].copy_(Xv)
+    o = idmix_kernels.decode_step_triton(q, k, v, lam, beta, G_hat, *work)
+    for dst, src in zip((Xk, Xv), work, strict=True):
+        if dst is not src:
+            dst.copy_(src)
+    return o.to(q.dtype), (Xk, Xv)
+
+
 def interdomain_decode_step(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -39,6 +75,7 @@ def interdomain_decode_step(
     G_hat: torch.Tensor,
     state: State,
     inplace: bool = False,
+    backend: str | None = None,
 ) -> tuple[torch.Tensor, State]:
     """Advance the state by one position and read it out.
 
@@ -50,7 +87,13 @@ def interdomain_decode_step(
 
     Steps: X ← λ⊙X + β⊗z; p = Xᵏ q; w̃ = Ĝ [Re p; Im p]; o = Re(Xᵛᴴ (w̃[:M] + i w̃[M:])).
     U and Γ are never formed (the paper's O(M²(R+D)) form); the state is read once.
+
+    backend: "torch", "triton" (the fused in-place kernel of ``idmix_kernels``; on CPU only
+    under TRITON_INTERPRET=1; 3-dim q and complex64 mode-last states), or None: triton for
+    CUDA tensors when it is installed, torch otherwise.
     """
+    if _pick_backend(backend, q) == "triton":
+        return _triton_step(q, k, v, lam, beta, G_hat, state, inplace)
     with torch.autocast(q.device.type, enabled=False):
         rdtype = G_hat.dtype
         lam_, beta_ = lam[:, None, :], beta[:, None, :]  # (H, 1, M)

@@ -1,0 +1,10 @@
+"""Triton kernels for idmix, registered as torch custom ops (``torch.ops.idmix.*``).
+
+Installed as ``idmix_kernels``; ``idmix.functional`` imports it only when a Triton backend is
+used. Importing it needs triton. On CPU the kernels run only under the Triton interpreter:
+set ``TRITON_INTERPRET=1`` before this package is imported.
+"""
+
+from .decode_step import decode_step_triton
+
+__all__ = ["decode_step_triton"]

@@ -1,0 +1,162 @@
+"""Fused, in-place decode step of Interdomain Attention (DESIGN.md §4) in Triton.
+
+One program per (batch, head): it reads both states once, updates them in place
+(X ← λ⊙X + β⊗z), and produces o = Re(Xᵛᴴ w) with w = Ĝ [Re p; Im p], p = Xᵏᵀ q.
+States are the mode-last interleaved real views the PyTorch path uses: Kᵀ (B, H, R, 2M) and
+Vᵀ (B, H, D, 2M), entry [.., c, 2m + {0, 1}] = (Re, Im) of X[m, c]. Accumulation in fp32.
+No autotuning: the kernel writes its inputs in place (a retried config would see mutated state).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _decode_step_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    lam_ptr,
+    beta_ptr,
+    g_ptr,
+    kst_ptr,
+    vst_ptr,
+    o_ptr,
+    H,
+    R,
+    D,
+    M,
+    s_qb,
+    s_qh,
+    s_kb,
+    s_kh,
+    s_vb,
+    s_vh,
+    s_ksb,
+    s_ksh,
+    s_ksr,
+    s_vsb,
+    s_vsh,
+    s_vsd,
+    s_ob,
+    s_oh,
+    BR: tl.constexpr,
+    BD: tl.constexpr,
+    BM: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    b, h = pid // H, pid % H
+    rr, dd, mm = tl.arange(0, BR), tl.arange(0, BD), tl.arange(0, BM)
+    r_ok, d_ok, m_ok = rr < R, dd < D, mm < M
+    # λ, β of this head (interleaved re/im)
+    lr = tl.load(lam_ptr + h * 2 * M + 2 * mm, mask=m_ok, other=0.0).to(tl.float32)
+    li = tl.load(lam_ptr + h * 2 * M + 2 * mm + 1, mask=m_ok, other=0.0).to(tl.float32)
+    br = tl.load(beta_ptr + h * 2 * M + 2 * mm, mask=m_ok, other=0.0).to(tl.float32)
+    bi = tl.load(beta_ptr + h * 2 * M + 2 * mm + 1, mask=m_ok, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + b * s_qb + h * s_qh + rr, mask=r_ok, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + b * s_kb + h * s_kh + rr, mask=r_ok, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + b * s_vb + h * s_vh + dd, mask=d_ok, other=0.0).to(tl.float32)
+    # key state: Kᵀ[r, m] ← λ_m Kᵀ[r, m] + β_m k_r
+    km = r_ok[:, None] & m_ok[None, :]
+    k_off = kst_ptr + b * s_ksb + h * s_ksh + rr[:, None] * s_ksr + 2 * mm[None, :]
+    xr = tl.load(k_off, mask=km, other=0.0)
+    xi = tl.load(k_off + 1, mask=km, other=0.0)
+    nr = lr[None, :] * xr - li[None, :] * xi + br[None, :] * k[:, None]
+    ni = lr[None, :] * xi + li[None, :] * xr + bi[None, :] * k[:, None]
+    tl.store(k_off, nr, mask=km)
+    tl.store(k_off + 1, ni, mask=km)
+    # p = Σ_r q_r Kᵀ[r, :]
+    pr = tl.sum(q[:, None] * nr, axis=0)
+    pi = tl.sum(q[:, None] * ni, axis=0)
+    # w = Ĝ [pr; pi], Ĝ blocked (2M, 2M): four M×M blocks
+    gm = m_ok[:, None] & m_ok[None, :]
+    g_off = g_ptr + h * 4 * M * M + mm[:, None] * 2 * M + mm[None, :]
+    g11 = tl.load(g_off, mask=gm, other=0.0)
+    g12 = tl.load(g_off + M, mask=gm, other=0.0)
+    g21 = tl.load(g_off + 2 * M * M, mask=gm, other=0.0)
+    g22 = tl.load(g_off + 2 * M * M + M, mask=gm, other=0.0)
+    wr = tl.sum(g11 * pr[None, :] + g12 * pi[None, :], axis=1)
+    wi = tl.sum(g21 * pr[None, :] + g22 * pi[None, :], axis=1)
+    # value state and readout: o_d = Σ_m Re Vᵀ[d, m] wr_m + Im Vᵀ[d, m] wi_m
+    vm = d_ok[:, None] & m_ok[None, :]
+    v_off = vst_ptr + b * s_vsb + h * s_vsh + dd[:, None] * s_vsd + 2 * mm[None, :]
+    yr = tl.load(v_off, mask=vm, other=0.0)
+    yi = tl.load(v_off + 1, mask=vm, other=0.0)
+    ur = lr[None, :] * yr - li[None, :] * yi + br[None, :] * v[:, None]
+    ui = lr[None, :] * yi + li[None, :] * yr + bi[None, :] * v[:, None]
+    tl.store(v_off, ur, mask=vm)
+    tl.store(v_off + 1, ui, mask=vm)
+    o = tl.sum(ur * wr[None, :] + ui * wi[None, :], axis=1)
+    tl.store(o_ptr + b * s_ob + h * s_oh + dd, o, mask=d_ok)
+
+
+def _mode_last_real(X: torch.Tensor) -> torch.Tensor:
+    """(B, H, M, C) complex with mode-last storage -> (B, H, C, 2M) real view (no copy)."""
+    XT = X.mT
+    if XT.stride(-1) != 1:
+        raise ValueError("state: expected mode-last storage (see idmix.functional.empty_state)")
+    return torch.view_as_real(XT).flatten(-2)
+
+
+@torch.library.custom_op("idmix::decode_step_", mutates_args=("xk", "xv"))
+def decode_step_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    beta: torch.Tensor,
+    G_hat: torch.Tensor,
+    xk: torch.Tensor,
+    xv: torch.Tensor,
+) -> torch.Tensor:
+    """q, k: (B, H, R); v: (B, H, D); lam, beta: (H, M) complex64; G_hat: (H, 2M, 2M) fp32,
+    blocked; xk: (B, H, M, R), xv: (B, H, M, D) complex64, mode-last, updated in place.
+    Returns o: (B, H, D) fp32."""
+    B, H, R = q.shape
+    D, M = v.shape[-1], lam.shape[-1]
+    K, V = _mode_last_real(xk), _mode_last_real(xv)
+    lam_ri = torch.view_as_real(lam.to(torch.complex64)).contiguous()
+    beta_ri = torch.view_as_real(beta.to(torch.complex64)).contiguous()
+    G = G_hat.float().contiguous()
+    o = torch.empty(B, H, D, dtype=torch.float32, device=q.device)
+    _decode_step_kernel[(B * H,)](
+        q,
+        k,
+        v,
+        lam_ri,
+        beta_ri,
+        G,
+        K,
+        V,
+        o,
+        H,
+        R,
+        D,
+        M,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        K.stride(0),
+        K.stride(1),
+        K.stride(2),
+        V.stride(0),
+        V.stride(1),
+        V.stride(2),
+        o.stride(0),
+        o.stride(1),
+        BR=triton.next_power_of_2(R),
+        BD=triton.next_power_of_2(D),
+        BM=triton.next_power_of_2(M),
+    )
+    return o
+
+
+@decode_step_triton.register_fake
+def _(q, k, v, lam, beta, G_hat, xk, xv):
+    return q.new_empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float32)
