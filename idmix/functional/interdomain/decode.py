@@ -19,10 +19,12 @@ def empty_state(B, H, M, R, D, dtype=torch.complex64, device=None) -> State:
     return Z[..., :R], Z[..., R:]
 
 
-def _mode_last(X: torch.Tensor) -> torch.Tensor:
-    """(B, H, M, C) complex -> (B, H, C, M) with unit stride over M (a view when possible)."""
+def _mode_last(X: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(B, H, M, C) complex -> ((B, H, C, M) with unit stride over M, whether it is a view)."""
     XT = X.mT
-    return XT if XT.stride(-1) == 1 and XT.stride(-2) == XT.shape[-1] else XT.contiguous()
+    if XT.stride(-1) == 1 and XT.stride(-2) == XT.shape[-1]:
+        return XT, True
+    return XT.contiguous(), False
 
 
 def _interleaved(x: torch.Tensor) -> torch.Tensor:
@@ -97,12 +99,15 @@ def interdomain_decode_step(
     with torch.autocast(q.device.type, enabled=False):
         rdtype = G_hat.dtype
         lam_, beta_ = lam[:, None, :], beta[:, None, :]  # (H, 1, M)
-        new = []
+        new, views = [], []
         for X, z in zip(state, (k, v), strict=True):
-            XT = _mode_last(X)  # (B, H, C, M)
+            XT, is_view = _mode_last(X)  # (B, H, C, M)
             zb = beta_ * z[..., None].to(rdtype)  # (B, H, C, M)
-            out = XT if inplace and XT.data_ptr() == X.data_ptr() else None
-            new.append(torch.addcmul(zb, lam_, XT, out=out))
+            if inplace and is_view:
+                new.append(XT.mul_(lam_).add_(zb))
+            else:
+                new.append(torch.addcmul(zb, lam_, XT))
+            views.append(is_view)
         KT, VT = new
         B, H, M = KT.shape[0], KT.shape[1], KT.shape[-1]
         rows = q.to(rdtype) if q.dim() == 4 else q.to(rdtype)[:, :, None, :]  # (B, H, r, R)
@@ -115,8 +120,8 @@ def interdomain_decode_step(
         o = o if q.dim() == 4 else o.squeeze(-2)
         Xk, Xv = KT.mT, VT.mT
         if inplace:
-            for old, fresh in zip(state, (Xk, Xv), strict=True):
-                if old.data_ptr() != fresh.data_ptr():
+            for old, fresh, is_view in zip(state, (Xk, Xv), views, strict=True):
+                if not is_view:
                     old.copy_(fresh)
             Xk, Xv = state
     return o.to(q.dtype), (Xk, Xv)
