@@ -70,6 +70,32 @@ def params(device):
     return [t.to(device).requires_grad_() for t in (lam, beta, C)]
 
 
+def training_fns(device, T, B, lam, beta, C):
+    """(interdomain fwd, fwd+bwd, SDPA fwd, fwd+bwd) closures at length T and batch B."""
+    q, k, v = (
+        torch.randn(B, T, H, R, device=device, dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    qs, ks, vs = (
+        torch.randn(B, H, T, R, device=device, dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+
+    def ours():
+        return interdomain_attention(q, k, v, lam, beta, C, chunk_size=L)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+
+    def no_grad(fn):
+        return torch.no_grad()(fn)
+
+    def fwd_bwd(fn):
+        return lambda: fn().float().sum().backward()
+
+    return no_grad(ours), fwd_bwd(ours), no_grad(sdpa), fwd_bwd(sdpa)
+
+
 def training_table(device, lengths, tokens, reps):
     time_it = timer(device)
     lam, beta, C = params(device)
@@ -77,33 +103,10 @@ def training_table(device, lengths, tokens, reps):
     rows = []
     for T in lengths:
         B = max(1, tokens // T)
-        q, k, v = (
-            torch.randn(B, T, H, R, device=device, dtype=torch.bfloat16, requires_grad=True)
-            for _ in range(3)
+        fns = dict(
+            zip(("of", "ofb", "sf", "sfb"), training_fns(device, T, B, lam, beta, C), strict=True)
         )
-        qs, ks, vs = (
-            torch.randn(B, H, T, R, device=device, dtype=torch.bfloat16, requires_grad=True)
-            for _ in range(3)
-        )
-
-        def ours_f():
-            with torch.no_grad():
-                interdomain_attention(q, k, v, lam, beta, C, chunk_size=L)
-
-        def ours_fb():
-            interdomain_attention(q, k, v, lam, beta, C, chunk_size=L).float().sum().backward()
-
-        def sdpa_f():
-            with torch.no_grad():
-                F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-
-        def sdpa_fb():
-            F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).float().sum().backward()
-
-        t = {
-            n: time_it(f, reps)
-            for n, f in (("of", ours_f), ("ofb", ours_fb), ("sf", sdpa_f), ("sfb", sdpa_fb))
-        }
+        t = {n: time_it(f, reps) for n, f in fns.items()}
         flop_id = 2 * per_tok_id * B * T * H
         flop_sd = 2 * T * R * B * T * H  # causal: half of 2 matmuls of 2·T·d flops per query
         rows.append(
@@ -142,32 +145,40 @@ def training_table(device, lengths, tokens, reps):
     )
 
 
+def decode_fns(device, ctx, lam, beta, G):
+    """Decode-step closures at one context: interdomain (torch, triton backends) and SDPA."""
+    q, k, v = (torch.randn(1, H, R, device=device) for _ in range(3))
+    state = empty_state(1, H, M, R, D, device=device)
+    kc = torch.randn(1, H, ctx + 1, R, device=device, dtype=torch.bfloat16)
+    vc = torch.randn(1, H, ctx + 1, D, device=device, dtype=torch.bfloat16)
+    qb = q.to(torch.bfloat16)[:, :, None]
+
+    def step(backend):
+        return lambda: interdomain_decode_step(
+            q, k, v, lam, beta, G, state, inplace=True, backend=backend
+        )
+
+    return {
+        "torch": step("torch"),
+        "triton": step("triton"),
+        "sdpa": lambda: F.scaled_dot_product_attention(qb, kc, vc),
+    }
+
+
 @torch.no_grad()
 def decode_table(device, contexts, reps):
     time_it = timer(device)
     lam, beta, C = (t.detach() for t in params(device))
     G = readout_gram(C)
-    B = 1
     rows, first = [], {}
     for ctx in contexts:
-        q, k, v = (torch.randn(B, H, R, device=device) for _ in range(3))
-        state = empty_state(B, H, M, R, D, device=device)
-        kc = torch.randn(B, H, ctx + 1, R, device=device, dtype=torch.bfloat16)
-        vc = torch.randn(B, H, ctx + 1, D, device=device, dtype=torch.bfloat16)
-        qb = q.to(torch.bfloat16)[:, :, None]
         times = {}
-        for backend in ("torch", "triton"):
+        for name, fn in decode_fns(device, ctx, lam, beta, G).items():
             try:
-                times[backend] = time_it(
-                    lambda b=backend: interdomain_decode_step(
-                        q, k, v, lam, beta, G, state, inplace=True, backend=b
-                    ),
-                    reps,
-                )
+                times[name] = time_it(fn, reps)
             except Exception as e:  # noqa: BLE001 - report, do not hide
-                print(f"decode backend {backend} failed: {type(e).__name__}: {e}")
-                times[backend] = float("nan")
-        times["sdpa"] = time_it(lambda: F.scaled_dot_product_attention(qb, kc, vc), reps)
+                print(f"decode {name} failed: {type(e).__name__}: {e}")
+                times[name] = float("nan")
         first = first or dict(times)
         rows.append(
             [str(ctx)]
