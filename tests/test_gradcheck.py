@@ -53,11 +53,16 @@ def test_readout_gram(readout):
 
 @pytest.mark.parametrize("impl", ["chunked", "recurrent"])
 @pytest.mark.parametrize("readout", ["conj", "product"])
-def test_interdomain_op(impl, readout, small_segments):
+@pytest.mark.parametrize("with_reset", [False, True])
+def test_interdomain_op(impl, readout, with_reset, small_segments):
     p = make_problem(B=2, T=19 if impl == "chunked" else 6, H=1, R=2, D=2, M=2)
     args = [leaf(p[n]) for n in ("q", "k", "v", "lam", "beta", "C")] + [
         leaf(s) for s in p["initial_state"]
     ]
+
+    T = p["q"].shape[1]
+    reset = torch.zeros(2, T, dtype=torch.bool)
+    reset[0, [0, T // 2]] = True  # row 0: drops its initial state, then restarts mid-way
 
     def f(q, k, v, lam, beta, C, Xk, Xv):
         o, (Xk1, Xv1) = interdomain_attention(
@@ -72,6 +77,7 @@ def test_interdomain_op(impl, readout, small_segments):
             initial_state=(Xk, Xv),
             return_final_state=True,
             chunk_size=4,
+            reset=reset if with_reset else None,
         )
         return o, torch.view_as_real(Xk1), torch.view_as_real(Xv1)
 

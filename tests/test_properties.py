@@ -137,3 +137,21 @@ def test_conj_readout_ignores_a_global_phase_of_C(d, phase):
     rotated = dict(p, C=p["C"] * torch.exp(torch.tensor(1j * phase, dtype=p["C"].dtype)))
     kw = dict(initial_state=p["initial_state"])
     assert_rel(op(rotated, "conj", **kw), op(p, "conj", **kw), 1e-10, "phase")
+
+
+@SETTINGS
+@given(d=dims, cuts=st.lists(st.integers(1, 79), max_size=4, unique=True))
+def test_packed_sequences_equal_separate(d, cuts):
+    """reset masks turn one row into independent sequences, whatever the chunking."""
+    p = problem(dict(d, B=1), with_state=False)
+    T = d["T"]
+    cuts = sorted(c for c in cuts if c < T)
+    reset = torch.zeros(1, T, dtype=torch.bool)
+    reset[0, cuts] = True
+    packed = op(p, d["readout"], reset=reset, chunk_size=8)
+    bounds = [0, *cuts, T]
+    separate = [
+        op(dict(p, q=p["q"][:, a:b], k=p["k"][:, a:b], v=p["v"][:, a:b]), d["readout"])
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+    assert_rel(packed, torch.cat(separate, 1), 1e-10, "packed")

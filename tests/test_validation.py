@@ -25,7 +25,7 @@ def call(p, **over):
         args["beta"],
         args["C"],
         initial_state=args["initial_state"],
-        **{k: v for k, v in over.items() if k in ("readout", "chunk_size", "impl")},
+        **{k: v for k, v in over.items() if k in ("readout", "chunk_size", "impl", "reset")},
     )
 
 
@@ -66,6 +66,12 @@ def call(p, **over):
         (lambda p: dict(chunk_size=True), ValueError, r"chunk_size"),
         (lambda p: dict(readout="hermitian"), ValueError, r"readout: expected one of"),
         (lambda p: dict(impl="fast"), ValueError, r"impl: expected one of"),
+        (
+            lambda p: dict(reset=torch.zeros(2, 4, dtype=torch.bool)),
+            ValueError,
+            r"reset: expected a bool tensor of shape \(B, T\) = \(2, 5\)",
+        ),
+        (lambda p: dict(reset=torch.zeros(2, 5)), ValueError, r"reset: expected a bool tensor"),
     ],
 )
 def test_interdomain_errors(p, over, exc, pattern):

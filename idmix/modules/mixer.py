@@ -141,20 +141,20 @@ class SSMMixer(CachedMixer):
                 dst.copy_(src)
 
     # internals ---------------------------------------------------------------------------------
-    def _core(self, q, a, b, init):
+    def _core(self, q, a, b, init, reset=None):
         """One document per row. q: (B, T, H, d_h); a, b: (B, T, G, d_h). Returns (o, state)."""
         lam, beta, C = self.ssm.discretized()
         if self.readout == "query" and self.num_state_groups != self.num_heads:
-            return self._grouped_core(q, a, b, lam, beta, C, init)
+            return self._grouped_core(q, a, b, lam, beta, C, init, reset)
         if self.readout == "query":
-            return self._query_op(q, a, b, lam, beta, C, init)
+            return self._query_op(q, a, b, lam, beta, C, init, reset)
         z = torch.cat([a, b], dim=-1)
         init_z = None if init is None else torch.cat(init, dim=-1)
         y, X = s4d_linear_readout(z, lam, beta, self._contraction(C), init_z, True)
         d_h = self.head_dim
         return y[..., :d_h] + y[..., d_h:], (X[..., :d_h], X[..., d_h:])
 
-    def _query_op(self, q, a, b, lam, beta, C, init):
+    def _query_op(self, q, a, b, lam, beta, C, init, reset=None):
         return interdomain_attention(
             q,
             a,
@@ -166,9 +166,10 @@ class SSMMixer(CachedMixer):
             initial_state=init,
             return_final_state=True,
             chunk_size=self.chunk_size,
+            reset=reset,
         )
 
-    def _grouped_core(self, q, a, b, lam, beta, C, init):
+    def _grouped_core(self, q, a, b, lam, beta, C, init, reset=None):
         """Grouped state: the r = H/G query heads of a group become r batch replicas that share
         one state (replicas of a, b and the initial state; one state is kept)."""
         B, T, H, d_h = q.shape
@@ -179,7 +180,8 @@ class SSMMixer(CachedMixer):
 
         q_r = q.unflatten(2, (G, r)).permute(0, 3, 1, 2, 4).flatten(0, 1)  # (B·r, T, G, d_h)
         init_r = None if init is None else tuple(replicate(s) for s in init)
-        o, (xk, xv) = self._query_op(q_r, replicate(a), replicate(b), lam, beta, C, init_r)
+        reset_r = None if reset is None else replicate(reset)
+        o, (xk, xv) = self._query_op(q_r, replicate(a), replicate(b), lam, beta, C, init_r, reset_r)
         o = o.unflatten(0, (B, r)).permute(0, 2, 3, 1, 4).flatten(2, 3)  # (B, T, H, d_h)
         return o, (xk[::r], xv[::r])
 
@@ -191,6 +193,9 @@ class SSMMixer(CachedMixer):
         spans = documents(reset)
         if spans is None:
             return self._core(q, a, b, init)
+        if self.readout == "query":  # the chunked op masks across document starts itself
+            return self._core(q, a, b, init, reset)
+        # linear readout (FFT convolution): one call per document
         outs, xks, xvs = [], [], []
         for row, row_spans in enumerate(spans):
             state = None if init is None else tuple(s[row : row + 1] for s in init)

@@ -22,7 +22,7 @@ def _compute_dtype(q: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
     return torch.float32, torch.complex64
 
 
-def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size):
+def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset):
     B, T, H, R = q.shape
     D, M = v.shape[-1], lam.shape[-1]
     rdtype, cdtype = _compute_dtype(q)
@@ -36,11 +36,11 @@ def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size):
         decays = chunk_decay_inputs(
             torch.view_as_real(lam.to(cdtype)), torch.view_as_real(beta.to(cdtype)), T, chunk_size
         )
-    o, Z, _ = chunked_forward(q_, k_, v_, *decays, G_hat, Z0, chunk_size)
+    o, Z, _ = chunked_forward(q_, k_, v_, list(decays), G_hat, Z0, reset, chunk_size)
     return o.to(q.dtype), interleaved_to_state(Z, R)
 
 
-def _recurrent(q, k, v, lam, beta, C, readout, initial_state):
+def _recurrent(q, k, v, lam, beta, C, readout, initial_state, reset):
     """T decode steps: the decode path applied to a whole sequence."""
     B, T, H, R = q.shape
     D, M = v.shape[-1], lam.shape[-1]
@@ -52,6 +52,8 @@ def _recurrent(q, k, v, lam, beta, C, readout, initial_state):
         state = tuple(s.to(cdtype) for s in initial_state)
     outs = []
     for t in range(T):
+        if reset is not None:
+            state = tuple(X * ~reset[:, t, None, None, None] for X in state)
         o_t, state = interdomain_decode_step(q[:, t], k[:, t], v[:, t], lam, beta, G_hat, state)
         outs.append(o_t)
     return torch.stack(outs, dim=1).to(q.dtype), state
@@ -70,6 +72,7 @@ def interdomain_attention(
     return_final_state: bool = False,
     chunk_size: int = 64,
     impl: str = "chunked",
+    reset: torch.Tensor | None = None,
 ):
     """Interdomain Attention core (DESIGN.md §1 steps 6–7) over a whole sequence.
 
@@ -84,30 +87,38 @@ def interdomain_attention(
     impl: "chunked" (O(T), default), "naive" (per-step complex reference), "closed_form"
     (O(T²) oracle, small T) or "recurrent" (T applications of the decode step).
     chunk_size: chunk length L of the chunked path (a power of two).
+    reset: (B, T) bool or None. True where a new sequence starts: the state (the initial state
+    included) is zeroed before that position, so packed sequences run as if separate; the final
+    state is that of each row's last sequence.
     """
     check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size)
+    if reset is not None and (reset.dtype != torch.bool or reset.shape != q.shape[:2]):
+        raise ValueError(
+            f"reset: expected a bool tensor of shape (B, T) = {tuple(q.shape[:2])}, "
+            f"got {reset.dtype} {tuple(reset.shape)}"
+        )
     # The SSM runs in fp32 (fp64) whatever the ambient autocast: states and accumulators of a
     # long recurrence do not survive bf16. Inputs are upcast here and o is cast back.
     with torch.autocast(q.device.type, enabled=False):
-        o, state = _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl)
+        o, state = _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset)
     return (o, state) if return_final_state else o
 
 
-def _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl):
+def _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset):
     if impl == "chunked":
-        o, state = _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size)
+        o, state = _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset)
     elif impl == "naive":
         _, cdtype = _compute_dtype(q)
         o, state = interdomain_attention_naive(
-            q, k, v, lam, beta, C.to(cdtype), readout, initial_state
+            q, k, v, lam, beta, C.to(cdtype), readout, initial_state, reset
         )
     elif impl == "closed_form":
         _, cdtype = _compute_dtype(q)
         o, state = interdomain_attention_closed_form(
-            q, k, v, lam, beta, C.to(cdtype), readout, initial_state
+            q, k, v, lam, beta, C.to(cdtype), readout, initial_state, reset
         )
     elif impl == "recurrent":
-        o, state = _recurrent(q, k, v, lam, beta, C, readout, initial_state)
+        o, state = _recurrent(q, k, v, lam, beta, C, readout, initial_state, reset)
     else:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     return o, state

@@ -58,7 +58,30 @@ def _shear_out(Y: torch.Tensor) -> torch.Tensor:
     return padded.as_strided(Y.shape, strides, padded.storage_offset() + L - 1).contiguous()
 
 
-def _scan(inc, Z0, c):
+class _DocMasks:
+    """Document boundaries inside a segment (from reset: (B, N, L), True where a document
+    starts), as 0/1 float masks broadcastable against (B, H, N, ...) tensors. All masked
+    values are finite, so masking by multiplication is exact.
+
+    same (B, 1, N, L, L): t and s in the same document; valid (B, 1, N, L, 1): no start in
+    [chunk start, t], so the chunk-start state reaches t; contrib (B, 1, N, 1, L): no start in
+    (s, chunk end], so z_s reaches the chunk-end state; carry (B, N): no start in the chunk.
+    """
+
+    def __init__(self, reset: torch.Tensor, dtype):
+        d = reset.long().cumsum(-1)  # starts so far within the chunk, (B, N, L)
+        self.same = (d[..., :, None] == d[..., None, :]).to(dtype)[:, None]
+        self.valid = (d == 0).to(dtype)[:, None, ..., None]
+        self.contrib = (d == d[..., -1:]).to(dtype)[:, None, :, None, :]
+        self.carry = (d[..., -1] == 0).to(dtype)
+
+
+def _carry(c, masks, j):
+    """Chunk-to-chunk multiplier: c (H, 1, M) complex, or c ⊙ carry[:, j] per row (B, H, 1, M)."""
+    return c if masks is None else c * masks.carry[:, j, None, None, None]
+
+
+def _scan(inc, Z0, c, masks=None):
     """Linear recurrence over chunks, complex: S_0 = Z0, S_{j+1} = c ⊙ S_j + inc_j.
 
     inc: (B, H, N, C, M); Z0: (B, H, C, M); c: (H, M).
@@ -69,11 +92,11 @@ def _scan(inc, Z0, c):
     c = c[:, None, :]
     N = inc.shape[2]
     for j in range(N - 1):
-        torch.addcmul(inc[:, :, j], c, starts[:, :, j], out=starts[:, :, j + 1])
-    return starts, torch.addcmul(inc[:, :, N - 1], c, starts[:, :, N - 1])
+        torch.addcmul(inc[:, :, j], _carry(c, masks, j), starts[:, :, j], out=starts[:, :, j + 1])
+    return starts, torch.addcmul(inc[:, :, N - 1], _carry(c, masks, N - 1), starts[:, :, N - 1])
 
 
-def _scan_adjoint(g_S, g_end, c):
+def _scan_adjoint(g_S, g_end, c, masks=None):
     """Adjoint of :func:`_scan`: G_N = g_end, G_j = g_S_j + conj(c) ⊙ G_{j+1}.
 
     Returns (G_1..G_N: (B, H, N, C, M), the gradients of the increments; G_0 = grad of Z0).
@@ -83,8 +106,8 @@ def _scan_adjoint(g_S, g_end, c):
     g_inc[:, :, N - 1] = g_end
     c = c.conj_physical()[:, None, :]
     for j in range(N - 1, 0, -1):
-        torch.addcmul(g_S[:, :, j], c, g_inc[:, :, j], out=g_inc[:, :, j - 1])
-    return g_inc, torch.addcmul(g_S[:, :, 0], c, g_inc[:, :, 0])
+        torch.addcmul(g_S[:, :, j], _carry(c, masks, j), g_inc[:, :, j], out=g_inc[:, :, j - 1])
+    return g_inc, torch.addcmul(g_S[:, :, 0], _carry(c, masks, 0), g_inc[:, :, 0])
 
 
 class _Saved:
@@ -107,27 +130,33 @@ def _bmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tenso
     return out.view(acc.shape)
 
 
-def _segment_forward(q, zT, dec: ChunkDecays, G_hat, Z0, keep: bool = False):
-    """One segment. q: (B, H, N, L, R); zT = [kᵀ; vᵀ]: (B, H, N, R+D, L); Z0: (B, H, R+D, 2M).
+def _segment_forward(q, zT, dec: ChunkDecays, G_hat, Z0, masks=None, keep: bool = False):
+    """One segment. q: (B, H, N, L, R); zT = [kᵀ; vᵀ]: (B, H, N, R+D, L); Z0: (B, H, R+D, 2M);
+    masks: _DocMasks or None (no document starts inside).
 
     Returns (o: (B, H, N, L, D), Z_end, intermediates or None).
     """
     B, H, N, L, R = q.shape
     kT, v = zT[..., :R, :], zT[..., R:, :].mT
     f = _Saved()
-    f.zT = zT
-    inc = (zT.flatten(2, 3) @ dec.end).view(B, H, N, -1, dec.end.shape[-1])  # Σ_s β λ^{L-1-s} z_s
-    starts, Z_end = _scan(_c(inc), _c(Z0), _c(dec.chunk))
+    f.zT = zT if masks is None else zT * masks.contrib  # inputs that reach the chunk end
+    inc = (f.zT.flatten(2, 3) @ dec.end).view(B, H, N, -1, dec.end.shape[-1])  # Σ β λ^{L-1-s} z_s
+    starts, Z_end = _scan(_c(inc), _c(Z0), _c(dec.chunk), masks)
     f.starts = starts = _r(starts)  # (B, H, N, R+D, 2M) chunk-start states
     start = _c(dec.start)[None, :, None]  # (1, H, 1, L, M) = λ^{i+1}
     # Pass 1: p(t) = λ^{i+1} ⊙ (Xᵏ q_t) + Σ_{s<=t} β λ^{t-s} (q_t · k_s)
     f.y = q @ starts[..., :R, :]  # (B, H, N, L, 2M)
-    f.lagged = _shear_in(q @ kT)  # (B, H, N, L, L), aligned with dec.end
+    scores = q @ kT
+    if masks is not None:
+        f.y, scores = f.y * masks.valid, scores * masks.same
+    f.lagged = _shear_in(scores)  # (B, H, N, L, L), aligned with dec.end
     f.p = _bmm_acc(_r(start * _c(f.y)), _flat(f.lagged), dec.end)
     f.w = (_flat(f.p) @ G_hat.mT).view(f.p.shape)  # w̃ = Ĝ p̂
     # Pass 2: o_t = Re(Xᵛᴴ (conj(λ^{i+1}) ⊙ w̃)) + Σ_{s<=t} Re(conj(β λ^{t-s}) · w̃) v_s
     f.u = _r(start.conj_physical() * _c(f.w))
     f.mix = _shear_out((_flat(f.w) @ dec.end.mT).view(B, H, N, L, L))  # (t, s) weights
+    if masks is not None:
+        f.u, f.mix = f.u * masks.valid, f.mix * masks.same
     o = torch.baddbmm(
         (f.mix @ v).flatten(0, 2),
         f.u.flatten(0, 2),
@@ -136,9 +165,13 @@ def _segment_forward(q, zT, dec: ChunkDecays, G_hat, Z0, keep: bool = False):
     return o, _r(Z_end), (f if keep else None)
 
 
-def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end):
+def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks=None):
     """Gradients of one segment. Returns (dq, dzT, d_decays: ChunkDecays, dG, dZ0)."""
-    _, _, f = _segment_forward(q, zT, dec, G_hat, Z0, keep=True)
+    _, _, f = _segment_forward(q, zT, dec, G_hat, Z0, masks, keep=True)
+
+    def mask(x, name):
+        return x if masks is None else x * getattr(masks, name)
+
     B, H, N, L, R = q.shape
     kT, v = zT[..., :R, :], zT[..., R:, :].mT
     starts = f.starts
@@ -146,8 +179,8 @@ def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end):
     start_conj = start.conj_physical()
     # o = u Xᵛᵀ + mix v, mix = shear_out(w endᵀ), u = conj(start) ⊙ w
     dvT = do.transpose(-1, -2) @ f.mix  # (B, H, N, D, L)
-    d_mix = _shear_in(do @ v.transpose(-1, -2))  # (B, H, N, L, L), aligned with dec.end
-    du = do @ starts[..., R:, :]  # (B, H, N, L, 2M)
+    d_mix = _shear_in(mask(do @ v.transpose(-1, -2), "same"))  # aligned with dec.end
+    du = mask(do @ starts[..., R:, :], "valid")  # (B, H, N, L, 2M)
     dXv = do.transpose(-1, -2) @ f.u  # (B, H, N, D, 2M)
     dw = _bmm_acc(_r(start * _c(du)), _flat(d_mix), dec.end)
     d_end = (_flat(d_mix).transpose(-1, -2) @ _flat(f.w)).sum(0)
@@ -157,19 +190,22 @@ def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end):
     dp = (_flat(dw) @ G_hat).view(dw.shape)
     dG = (_flat(dw).transpose(-1, -2) @ _flat(f.p)).sum(0)
     # p = start ⊙ y + shear_in(q kᵀ) end
-    d_scores = _shear_out((_flat(dp) @ dec.end.mT).view(B, H, N, L, L))
+    d_scores = mask(_shear_out((_flat(dp) @ dec.end.mT).view(B, H, N, L, L)), "same")
     d_end = d_end + (_flat(f.lagged).transpose(-1, -2) @ _flat(dp)).sum(0)
-    dy = _r(start_conj * _c(dp))
+    dy = mask(_r(start_conj * _c(dp)), "valid")
     d_start = _r(d_start + _dot_conj(_c(f.y), _c(dp), dim=2).sum(0))
     # y = q Xᵏ, scores = q kᵀ
     dq = dy @ starts[..., :R, :].transpose(-1, -2) + d_scores @ kT.mT
     dkT = q.transpose(-1, -2) @ d_scores  # (B, H, N, R, L)
     dS = torch.cat([q.transpose(-1, -2) @ dy, dXv], dim=-2)  # (B, H, N, R+D, 2M)
-    g_inc, dZ0 = _scan_adjoint(_c(dS), _c(dZ_end), _c(dec.chunk))
+    g_inc, dZ0 = _scan_adjoint(_c(dS), _c(dZ_end), _c(dec.chunk), masks)
     g_inc = _r(g_inc)  # gradient of each chunk's increment, (B, H, N, R+D, 2M)
-    d_chunk = _r(_dot_conj(_c(starts), _c(g_inc), dim=-2).sum((0, 2)))
+    d_chunk = _dot_conj(_c(starts), _c(g_inc), dim=-2)  # (B, H, N, M)
+    if masks is not None:
+        d_chunk = d_chunk * masks.carry[:, None, :, None]
+    d_chunk = _r(d_chunk.sum((0, 2)))
     d_end = d_end + (f.zT.flatten(2, 3).transpose(-1, -2) @ g_inc.flatten(2, 3)).sum(0)
-    dzT = (g_inc.flatten(2, 3) @ dec.end.mT).view(f.zT.shape)  # (B, H, N, R+D, L)
+    dzT = mask((g_inc.flatten(2, 3) @ dec.end.mT).view(f.zT.shape), "contrib")  # (B,H,N,R+D,L)
     dzT[..., :R, :] += dkT
     dzT[..., R:, :] += dvT
     return dq, dzT, ChunkDecays(d_start, d_end, d_chunk), dG, _r(dZ0)
@@ -224,7 +260,14 @@ def _decays_by_len(L, T, main, tail) -> dict[int, ChunkDecays]:
     return out
 
 
-def _forward_impl(q, k, v, main, tail, G_hat, Z0, L):
+def _masks(reset, t0, n, L, dtype):
+    """_DocMasks of positions [t0, t0 + n·L), or None without resets."""
+    if reset is None:
+        return None
+    return _DocMasks(reset[:, t0 : t0 + n * L].unflatten(1, (n, L)), dtype)
+
+
+def _forward_impl(q, k, v, main, tail, G_hat, Z0, L, reset=None):
     B, T, H, _ = q.shape
     decays = _decays_by_len(L, T, main, tail)
     o = q.new_empty(B, T, H, v.shape[-1])
@@ -232,13 +275,18 @@ def _forward_impl(q, k, v, main, tail, G_hat, Z0, L):
     for t0, n, Lp in _plan(T, L):
         starts.append(Z)
         o_p, Z, _ = _segment_forward(
-            _to_chunks(q, t0, n, Lp), _to_chunks_T(k, v, t0, n, Lp), decays[Lp], G_hat, Z
+            _to_chunks(q, t0, n, Lp),
+            _to_chunks_T(k, v, t0, n, Lp),
+            decays[Lp],
+            G_hat,
+            Z,
+            _masks(reset, t0, n, Lp, q.dtype),
         )
         _write_chunks(o, t0, o_p)
     return o, Z, torch.stack(starts)
 
 
-def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L):
+def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L, reset=None):
     T, R = q.shape[1], q.shape[-1]
     decays = _decays_by_len(L, T, main, tail)
     d_decays = {Lp: [torch.zeros_like(t) for t in d] for Lp, d in decays.items()}
@@ -248,7 +296,14 @@ def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L):
     for (t0, n, Lp), Z0 in reversed(list(zip(_plan(T, L), starts.unbind(0), strict=True))):
         q_p, zT = _to_chunks(q, t0, n, Lp), _to_chunks_T(k, v, t0, n, Lp)
         gq, g_zT, g_dec, g_G, dZ = _segment_backward(
-            q_p, zT, decays[Lp], G_hat, Z0, _to_chunks(do, t0, n, Lp), dZ
+            q_p,
+            zT,
+            decays[Lp],
+            G_hat,
+            Z0,
+            _to_chunks(do, t0, n, Lp),
+            dZ,
+            _masks(reset, t0, n, Lp, q.dtype),
         )
         _write_chunks(dq, t0, gq)
         _write_chunks(dk, t0, g_zT[..., :R, :], transposed=True)
@@ -285,31 +340,23 @@ def chunked_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    start: torch.Tensor,
-    end: torch.Tensor,
-    chunk: torch.Tensor,
-    tail_start: torch.Tensor,
-    tail_end: torch.Tensor,
-    tail_chunk: torch.Tensor,
+    decays: list[torch.Tensor],
     G_hat: torch.Tensor,
     Z0: torch.Tensor,
+    reset: torch.Tensor | None,
     chunk_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (o (B, T, H, D), Z_end (B, H, R+D, 2M), segment start states (P, B, H, R+D, 2M))."""
+    """decays = chunk_decay_inputs(...) (6 tensors); reset: (B, T) bool or None.
+    Returns (o (B, T, H, D), Z_end (B, H, R+D, 2M), segment start states (P, B, H, R+D, 2M))."""
     with torch.autocast(q.device.type, enabled=False):
-        return _forward_impl(
-            q, k, v, (start, end, chunk), (tail_start, tail_end, tail_chunk), G_hat, Z0, chunk_size
-        )
+        return _forward_impl(q, k, v, decays[:3], decays[3:], G_hat, Z0, chunk_size, reset)
 
 
 @chunked_forward.register_fake
-def _(q, k, v, start, end, chunk, tail_start, tail_end, tail_chunk, G_hat, Z0, chunk_size):
+def _(q, k, v, decays, G_hat, Z0, reset, chunk_size):
     B, T, H, _ = q.shape
-    return (
-        q.new_empty(B, T, H, v.shape[-1]),
-        torch.empty_like(Z0),
-        Z0.new_empty(_num_pieces(T, chunk_size), *Z0.shape),
-    )
+    pieces = _num_pieces(T, chunk_size)
+    return q.new_empty(B, T, H, v.shape[-1]), torch.empty_like(Z0), Z0.new_empty(pieces, *Z0.shape)
 
 
 @torch.library.custom_op("idmix::chunked_backward", mutates_args=())
@@ -319,72 +366,55 @@ def chunked_backward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    start: torch.Tensor,
-    end: torch.Tensor,
-    chunk: torch.Tensor,
-    tail_start: torch.Tensor,
-    tail_end: torch.Tensor,
-    tail_chunk: torch.Tensor,
+    decays: list[torch.Tensor],
     G_hat: torch.Tensor,
     starts: torch.Tensor,
+    reset: torch.Tensor | None,
     chunk_size: int,
 ) -> list[torch.Tensor]:
-    """Gradients of (q, k, v, start, end, chunk, tail_start, tail_end, tail_chunk, G_hat, Z0),
-    recomputing the forward segment by segment from the saved segment start states."""
+    """Gradients of (q, k, v, *decays, G_hat, Z0), recomputing the forward segment by segment
+    from the saved segment start states."""
     with torch.autocast(q.device.type, enabled=False):
         return list(
             _backward_impl(
-                do,
-                dZ_end,
-                q,
-                k,
-                v,
-                (start, end, chunk),
-                (tail_start, tail_end, tail_chunk),
-                G_hat,
-                starts,
-                chunk_size,
+                do, dZ_end, q, k, v, decays[:3], decays[3:], G_hat, starts, chunk_size, reset
             )
         )
 
 
 @chunked_backward.register_fake
-def _(
-    do,
-    dZ_end,
-    q,
-    k,
-    v,
-    start,
-    end,
-    chunk,
-    tail_start,
-    tail_end,
-    tail_chunk,
-    G_hat,
-    starts,
-    chunk_size,
-):
-    like = (q, k, v, start, end, chunk, tail_start, tail_end, tail_chunk, G_hat, dZ_end)
-    return [torch.empty_like(t) for t in like]
+def _(do, dZ_end, q, k, v, decays, G_hat, starts, reset, chunk_size):
+    return [torch.empty_like(t) for t in (q, k, v, *decays, G_hat, dZ_end)]
 
 
 def _setup_context(ctx, inputs, output):
-    *tensors, _Z0, chunk_size = inputs
-    ctx.chunk_size = chunk_size
-    ctx.save_for_backward(*tensors, output[2])
+    q, k, v, decays, G_hat, _Z0, reset, chunk_size = inputs
+    ctx.chunk_size, ctx.n_decays, ctx.has_reset = chunk_size, len(decays), reset is not None
+    ctx.save_for_backward(
+        q, k, v, *decays, G_hat, output[2], *([reset] if reset is not None else [])
+    )
 
 
 def _backward(ctx, do, dZ_end, _d_starts):
-    q, k, v, *decays, G_hat, starts = ctx.saved_tensors
+    q, k, v, *rest = ctx.saved_tensors
+    decays, (G_hat, starts, *reset) = rest[: ctx.n_decays], rest[ctx.n_decays :]
     if do is None:
         do = q.new_zeros(*q.shape[:-1], v.shape[-1])
     if dZ_end is None:
         dZ_end = torch.zeros_like(starts[0])
-    grads = torch.ops.idmix.chunked_backward(
-        do, dZ_end, q, k, v, *decays, G_hat, starts, ctx.chunk_size
+    dq, dk, dv, *d_dec, dG, dZ0 = torch.ops.idmix.chunked_backward(
+        do,
+        dZ_end,
+        q,
+        k,
+        v,
+        list(decays),
+        G_hat,
+        starts,
+        reset[0] if reset else None,
+        ctx.chunk_size,
     )
-    return (*grads, None)
+    return dq, dk, dv, d_dec, dG, dZ0, None, None
 
 
 chunked_forward.register_autograd(_backward, setup_context=_setup_context)

@@ -22,8 +22,10 @@ def interdomain_attention_closed_form(
     C: torch.Tensor,
     readout: str = "conj",
     initial_state: State | None = None,
+    reset: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, State]:
-    """Same contract as ``interdomain_attention_naive``; memory O(H·T²·M)."""
+    """Same contract as ``interdomain_attention_naive``; memory O(H·T²·M). With reset, pairs
+    (t, s) in different sequences are masked and the initial state reaches only the first."""
     B, T, H, R = q.shape
     cdtype = C.dtype
     rdtype = C.real.dtype
@@ -37,26 +39,36 @@ def interdomain_attention_closed_form(
     g = torch.einsum("hmn,htsn->htsm", C, beta_[:, None, None, :] * powers)  # (H, T, T, M)
     qc, kc, vc = q.to(rdtype), k.to(rdtype), v.to(rdtype)
     scores = torch.einsum("bthr,bshr->bhts", qc, kc)  # (B, H, T, T)
+    B = q.shape[0]
+    doc = (
+        torch.zeros(B, T, dtype=torch.long, device=q.device)
+        if reset is None
+        else reset.long().cumsum(1)
+    )  # sequence index of every position
+    same = (doc[:, :, None] == doc[:, None, :])[:, None]  # (B, 1, T, T)
+    first = (doc == 0)[:, None, :, None]  # (B, 1, T, 1): still in the initial state's sequence
+    scores = scores * same
     a = torch.einsum("bhts,htsm->bhtm", scores.to(cdtype), g)  # (B, H, T, M)
     lam_pow = torch.exp((idx + 1).to(rdtype)[None, :, None] * log_lam[:, None, :])  # (H, T, M)
     if initial_state is not None:
         X0k, X0v = (s.to(cdtype) for s in initial_state)
         X0k_q = torch.einsum("bhmr,bthr->bhtm", X0k, qc.to(cdtype))
-        a = a + torch.einsum("hmn,bhtn->bhtm", C, lam_pow[None] * X0k_q)
+        a = a + first * torch.einsum("hmn,bhtn->bhtm", C, lam_pow[None] * X0k_q)
     g_read = g.conj() if readout == "conj" else g
-    K = torch.einsum("htsm,bhtm->bhts", g_read, a).real
+    K = torch.einsum("htsm,bhtm->bhts", g_read, a).real * same
     o = torch.einsum("bhts,bshd->bthd", K, vc)
     if initial_state is not None:
         Gam0 = torch.einsum("hmn,htn,bhnd->bhtmd", C, lam_pow, X0v)  # (B, H, T, M, D)
         Gam0 = Gam0.conj() if readout == "conj" else Gam0
-        o = o + torch.einsum("bhtmd,bhtm->bthd", Gam0, a).real
+        o = o + (first * torch.einsum("bhtmd,bhtm->bhtd", Gam0, a).real).transpose(1, 2)
     # Final state: X_T = λ^T X0 + Σ_s β λ^{T-1-s} z_s.
     w_end = beta_[:, None, :] * torch.exp(
         (T - 1 - idx).to(rdtype)[None, :, None] * log_lam[:, None, :]
     )
-    Xk = torch.einsum("hsm,bshr->bhmr", w_end, kc.to(cdtype))
-    Xv = torch.einsum("hsm,bshd->bhmd", w_end, vc.to(cdtype))
+    last = (doc == doc[:, -1:]).to(rdtype)[..., None, None]  # (B, T, 1, 1): in the last sequence
+    Xk = torch.einsum("hsm,bshr->bhmr", w_end, (kc * last).to(cdtype))
+    Xv = torch.einsum("hsm,bshd->bhmd", w_end, (vc * last).to(cdtype))
     if initial_state is not None:
-        lam_T = torch.exp(T * log_lam)[None, :, :, None]
+        lam_T = torch.exp(T * log_lam)[None, :, :, None] * (doc[:, -1] == 0)[:, None, None, None]
         Xk, Xv = Xk + lam_T * X0k, Xv + lam_T * X0v
     return o.to(q.dtype), (Xk, Xv)

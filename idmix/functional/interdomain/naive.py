@@ -16,12 +16,14 @@ def interdomain_attention_naive(
     C: torch.Tensor,
     readout: str = "conj",
     initial_state: State | None = None,
+    reset: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, State]:
     """q, k: (B, T, H, R); v: (B, T, H, D); lam, beta: (H, M); C: (H, M, M) complex.
 
     Per step: Xᵏ ← λ⊙Xᵏ + β⊗k̃_t, Xᵛ ← λ⊙Xᵛ + β⊗ṽ_t, U = C Xᵏ, Γ = C Xᵛ, a = U q_t,
     o_t = Re(Γᴴ a) ("conj") or Re(Γᵀ a) ("product"). Returns (o: (B, T, H, D), (Xk, Xv)).
-    Computes in the complex dtype matching C; o has q's dtype.
+    Computes in the complex dtype matching C; o has q's dtype. reset (B, T) bool: the state is
+    zeroed before the positions where it is True.
     """
     B, T, H, R = q.shape
     D, M = v.shape[-1], lam.shape[-1]
@@ -34,6 +36,9 @@ def interdomain_attention_naive(
         Xk, Xv = (s.to(cdtype) for s in initial_state)
     outs = []
     for t in range(T):
+        if reset is not None:
+            keep = ~reset[:, t, None, None, None]
+            Xk, Xv = Xk * keep, Xv * keep
         Xk = lam_ * Xk + beta_ * k[:, t, :, None, :].to(cdtype)
         Xv = lam_ * Xv + beta_ * v[:, t, :, None, :].to(cdtype)
         U, Gam = C @ Xk, C @ Xv  # (B, H, M, R), (B, H, M, D)
