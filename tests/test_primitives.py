@@ -114,3 +114,15 @@ def test_readout_gram_reproduces_complex_readout(readout):
     if readout == "conj":
         assert torch.allclose(G_hat, G_hat.mT)
         assert torch.linalg.eigvalsh(G_hat).min() > -1e-9
+
+
+def test_rope_matches_reference_and_preserves_norms():
+    from idmix.functional.rope import rope, rope_naive
+
+    x = torch.randn(2, 9, 3, 8)
+    pos = torch.randint(0, 5000, (2, 9))
+    assert_rel(rope(x, pos), rope_naive(x, pos), 1e-5)
+    assert torch.allclose(rope(x, pos).norm(dim=-1), x.norm(dim=-1), atol=1e-5)
+    assert torch.equal(rope(x, torch.zeros(9, dtype=torch.long)), x)
+    with pytest.raises(ValueError, match="rope needs an even last dim"):
+        rope(torch.randn(1, 2, 1, 3), torch.zeros(2, dtype=torch.long))

@@ -113,7 +113,7 @@ class SSMMixer(CachedMixer):
         pos, reset = positions_and_resets(input_pos, B, T, x.device)
         cache = self.kv_cache if self.cache_enabled else None
         if cache is not None:
-            if reset is not None:
+            if reset is not None and bool(reset[:, 0].any()):
                 cache.reset_rows(reset[:, 0])
             if T == 1:
                 return self._step(x[:, 0], pos[:, 0], cache)[:, None]
