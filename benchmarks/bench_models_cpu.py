@@ -109,7 +109,7 @@ def decode_table(scale, contexts, calls):
     ours_model = built["interdomain"]
     ours_fns = {ctx: decode_fn(ours_model, ctx) for ctx in contexts}  # same cache, reset each
     ours_mem = cache_bytes(ours_model) / 2**20
-    ours = blocked_medians(ours_fns, calls=calls, rounds=15)
+    ours = blocked_medians(ours_fns, calls=calls, rounds=25)
     rows = []
     for ctx in contexts:
         soft = blocked_medians({"s": decode_fn(built["softmax"], ctx)}, calls=calls, rounds=3)["s"]
