@@ -8,9 +8,11 @@ by one segment. The backward pass is written out by hand (no autograd through th
 loop); it recomputes one segment at a time from the state stored at its start, which is all
 the forward keeps besides its inputs.
 
-Layouts inside a segment: q, k (B, H, N, L, R); v (B, H, N, L, D); per-position mode vectors
-(.., L, 2M) and states (.., R+D, 2M) = [Xᵏ | Xᵛ]ᵀ, both in interleaved real form (decays.py),
-so ``_c`` views them as complex without a copy.
+Layouts inside a segment: q (B, H, N, L, R); zT = [kᵀ; vᵀ] (B, H, N, R+D, L); per-position
+mode vectors (.., L, 2M) and states (.., R+D, 2M) = [Xᵏ | Xᵛ]ᵀ, both in interleaved real form
+(decays.py), so ``_c`` views them as complex without a copy. Sequence starts (``reset``) become
+0/1 masks on the intra-chunk weights, the chunk-start state's reach and the chunk-to-chunk carry
+(_DocMasks), in the forward and in the backward alike.
 """
 
 from __future__ import annotations
