@@ -5,6 +5,7 @@ used. Importing it needs triton. On CPU the kernels run only under the Triton in
 set ``TRITON_INTERPRET=1`` before this package is imported.
 """
 
+from .chunk_scan import chunk_scan
 from .decode_step import decode_step_triton
 
-__all__ = ["decode_step_triton"]
+__all__ = ["chunk_scan", "decode_step_triton"]

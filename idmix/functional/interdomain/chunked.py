@@ -22,6 +22,24 @@ import torch
 from .decays import ChunkDecays, chunk_decays
 
 SEGMENT_TOKENS = 512
+# Inter-chunk state pass: "torch" (a loop of N complex multiply-adds), "triton" (one kernel,
+# idmix_kernels.chunk_scan), or None: triton for complex64 CUDA tensors when it is installed.
+SCAN_BACKEND: str | None = None
+
+
+def _scan_kernel(x: torch.Tensor):
+    """idmix_kernels.chunk_scan when the scan should run in Triton for x, else None."""
+    if SCAN_BACKEND == "torch" or (SCAN_BACKEND is None and not x.is_cuda):
+        return None
+    if x.dtype != torch.complex64:
+        return None
+    try:
+        from idmix_kernels import chunk_scan
+    except ImportError:
+        if SCAN_BACKEND == "triton":
+            raise
+        return None
+    return chunk_scan
 
 
 def _c(x: torch.Tensor) -> torch.Tensor:
@@ -89,6 +107,9 @@ def _scan(inc, Z0, c, masks=None):
     inc: (B, H, N, C, M); Z0: (B, H, C, M); c: (H, M).
     Returns (starts: (B, H, N, C, M) = S_0..S_{N-1}, contiguous; S_N: (B, H, C, M)).
     """
+    kernel = _scan_kernel(inc)
+    if kernel is not None:
+        return kernel(inc, Z0, c, None if masks is None else masks.carry)
     starts = torch.empty_like(inc)
     starts[:, :, 0] = Z0
     c = c[:, None, :]
@@ -103,6 +124,9 @@ def _scan_adjoint(g_S, g_end, c, masks=None):
 
     Returns (G_1..G_N: (B, H, N, C, M), the gradients of the increments; G_0 = grad of Z0).
     """
+    kernel = _scan_kernel(g_S)
+    if kernel is not None:
+        return kernel(g_S, g_end, c, None if masks is None else masks.carry, reverse=True)
     g_inc = torch.empty_like(g_S)
     N = g_S.shape[2]
     g_inc[:, :, N - 1] = g_end
