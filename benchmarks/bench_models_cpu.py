@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import blocked_medians, print_table  # noqa: E402
 
-from idmix import models  # noqa: E402
+from idmix import cache_nbytes, models  # noqa: E402
 
 MIXERS = ("interdomain", "s4d", "softmax")
 
@@ -57,14 +57,6 @@ def training_table(scales, lengths):
         "Training step tokens/s (B=1, fp32, fwd+bwd+AdamW; ratio = interdomain/softmax)",
         ["size", "T", *MIXERS, "ratio"],
         rows,
-    )
-
-
-def cache_bytes(model):
-    return sum(
-        t.numel() * t.element_size()
-        for layer in model.layers
-        for t in layer.attn.kv_cache.to_tensordict().values(True, True)
     )
 
 
@@ -108,12 +100,12 @@ def decode_table(scale, contexts, calls):
     }
     ours_model = built["interdomain"]
     ours_fns = {ctx: decode_fn(ours_model, ctx) for ctx in contexts}  # same cache, reset each
-    ours_mem = cache_bytes(ours_model) / 2**20
+    ours_mem = cache_nbytes(ours_model) / 2**20
     ours = blocked_medians(ours_fns, calls=calls, rounds=25)
     rows = []
     for ctx in contexts:
         soft = blocked_medians({"s": decode_fn(built["softmax"], ctx)}, calls=calls, rounds=3)["s"]
-        soft_mem = cache_bytes(built["softmax"]) / 2**20
+        soft_mem = cache_nbytes(built["softmax"]) / 2**20
         rows.append(
             [
                 str(ctx),

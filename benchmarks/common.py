@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -65,8 +66,6 @@ def peak_rss_increase_mb(fn: Callable[[], object]) -> float:
 def measure_in_subprocess(script: str, *args: str) -> dict:
     """Run ``python script --measure args…`` in a fresh process; it prints one JSON line."""
     env = {"MALLOC_MMAP_THRESHOLD_": "65536"}
-    import os
-
     out = subprocess.run(
         [sys.executable, script, "--measure", *args],
         capture_output=True,

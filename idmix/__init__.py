@@ -4,7 +4,7 @@ Core (``idmix.functional``, ``idmix.modules``) imports only torch and tensordict
 builders import torchtune when called.
 """
 
-from .generation import generate, sample_next
+from .generation import cache_nbytes, generate, release_caches, sample_next
 
 __version__ = "0.1.0"
-__all__ = ["generate", "sample_next"]
+__all__ = ["cache_nbytes", "generate", "release_caches", "sample_next"]

@@ -11,6 +11,23 @@ from collections.abc import Callable, Sequence
 import torch
 
 
+def release_caches(model) -> None:
+    """Drop every layer's decoding cache (torchtune's ``delete_kv_caches`` only recognises its
+    own callable KVCache modules, not the tensordict caches of idmix's mixers)."""
+    for layer in model.layers:
+        layer.attn.kv_cache, layer.attn.cache_enabled = None, False
+
+
+def cache_nbytes(model) -> int:
+    """Bytes held by the decoding caches of all layers (0 when none are set up)."""
+    return sum(
+        t.numel() * t.element_size()
+        for layer in model.layers
+        if layer.attn.kv_cache is not None
+        for t in layer.attn.kv_cache.to_tensordict().values(include_nested=True, leaves_only=True)
+    )
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float = 1.0,
@@ -99,6 +116,5 @@ def generate(
             )[:, -1]
             next_pos = next_pos + 1
     finally:
-        for layer in model.layers:
-            layer.attn.cache_enabled = False
+        release_caches(model)
     return out

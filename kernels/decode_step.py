@@ -15,6 +15,18 @@ import triton.language as tl
 
 
 @triton.jit
+def _update_state(ptr, mask, lr, li, br, bi, z):
+    """X ← λ ⊙ X + β z_c in place on one (C, M) interleaved tile; returns the new (re, im)."""
+    xr = tl.load(ptr, mask=mask, other=0.0)
+    xi = tl.load(ptr + 1, mask=mask, other=0.0)
+    nr = lr[None, :] * xr - li[None, :] * xi + br[None, :] * z[:, None]
+    ni = lr[None, :] * xi + li[None, :] * xr + bi[None, :] * z[:, None]
+    tl.store(ptr, nr, mask=mask)
+    tl.store(ptr + 1, ni, mask=mask)
+    return nr, ni
+
+
+@triton.jit
 def _decode_step_kernel(
     q_ptr,
     k_ptr,
@@ -62,12 +74,7 @@ def _decode_step_kernel(
     # key state: Kᵀ[r, m] ← λ_m Kᵀ[r, m] + β_m k_r
     km = r_ok[:, None] & m_ok[None, :]
     k_off = kst_ptr + b * s_ksb + h * s_ksh + rr[:, None] * s_ksr + 2 * mm[None, :]
-    xr = tl.load(k_off, mask=km, other=0.0)
-    xi = tl.load(k_off + 1, mask=km, other=0.0)
-    nr = lr[None, :] * xr - li[None, :] * xi + br[None, :] * k[:, None]
-    ni = lr[None, :] * xi + li[None, :] * xr + bi[None, :] * k[:, None]
-    tl.store(k_off, nr, mask=km)
-    tl.store(k_off + 1, ni, mask=km)
+    nr, ni = _update_state(k_off, km, lr, li, br, bi, k)
     # p = Σ_r q_r Kᵀ[r, :]
     pr = tl.sum(q[:, None] * nr, axis=0)
     pi = tl.sum(q[:, None] * ni, axis=0)
@@ -83,12 +90,7 @@ def _decode_step_kernel(
     # value state and readout: o_d = Σ_m Re Vᵀ[d, m] wr_m + Im Vᵀ[d, m] wi_m
     vm = d_ok[:, None] & m_ok[None, :]
     v_off = vst_ptr + b * s_vsb + h * s_vsh + dd[:, None] * s_vsd + 2 * mm[None, :]
-    yr = tl.load(v_off, mask=vm, other=0.0)
-    yi = tl.load(v_off + 1, mask=vm, other=0.0)
-    ur = lr[None, :] * yr - li[None, :] * yi + br[None, :] * v[:, None]
-    ui = lr[None, :] * yi + li[None, :] * yr + bi[None, :] * v[:, None]
-    tl.store(v_off, ur, mask=vm)
-    tl.store(v_off + 1, ui, mask=vm)
+    ur, ui = _update_state(v_off, vm, lr, li, br, bi, v)
     o = tl.sum(ur * wr[None, :] + ui * wi[None, :], axis=1)
     tl.store(o_ptr + b * s_ob + h * s_oh + dd, o, mask=d_ok)
 

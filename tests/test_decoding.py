@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from idmix import generate, models, sample_next
+from idmix import cache_nbytes, generate, models, release_caches, sample_next
 from idmix.modules import RecurrentCache
 
 MIXERS = ["interdomain", "s4d", "softmax"]
@@ -37,8 +37,7 @@ def run_cached(model, tokens, pieces, total):
         pos = torch.arange(t0, t0 + n).expand(B, n)
         outs.append(model(tokens[:, t0 : t0 + n], mask=causal_mask(B, t0, n, total), input_pos=pos))
         t0 += n
-    for layer in model.layers:
-        layer.attn.cache_enabled = False
+    release_caches(model)
     return torch.cat(outs, 1)
 
 
@@ -102,15 +101,6 @@ def test_bf16_autocast_close_to_fp32_with_fp32_ssm(tiny, mixer):
     m.zero_grad()
 
 
-def cache_bytes(model):
-    total = 0
-    for layer in model.layers:
-        cache = layer.attn.kv_cache
-        for t in cache.to_tensordict().values(include_nested=True, leaves_only=True):
-            total += t.numel() * t.element_size()
-    return total
-
-
 def test_cache_memory_constant_in_context(tiny):
     sizes = {}
     for mixer in MIXERS:
@@ -118,13 +108,16 @@ def test_cache_memory_constant_in_context(tiny):
         sizes[mixer] = []
         for ctx in (128, 4096):
             m.setup_caches(batch_size=1, dtype=torch.float32, decoder_max_seq_len=ctx)
-            sizes[mixer].append(cache_bytes(m))
-            for layer in m.layers:
-                layer.attn.cache_enabled = False
+            sizes[mixer].append(cache_nbytes(m))
+            release_caches(m)
     assert sizes["interdomain"][0] == sizes["interdomain"][1] > 0
     assert sizes["s4d"][0] == sizes["s4d"][1] > 0
     assert sizes["softmax"][1] > 31 * sizes["softmax"][0]  # the KV cache grows with context
-    assert isinstance(tiny["interdomain"].layers[0].attn.kv_cache, RecurrentCache)
+    m = tiny["interdomain"]
+    m.setup_caches(batch_size=1, dtype=torch.float32, decoder_max_seq_len=16)
+    assert isinstance(m.layers[0].attn.kv_cache, RecurrentCache)
+    release_caches(m)
+    assert cache_nbytes(m) == 0 and not m.caches_are_setup()
 
 
 def test_sampling_controls(tiny):

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from .interdomain.validation import State
-
 
 def _powers(lam: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """λ^n for n >= 0 (H, M) x (N,) -> (H, N, M) complex, via exp(n log λ)."""
@@ -89,4 +87,4 @@ def s4d_linear_step(
     return y.to(z.dtype), X
 
 
-__all__ = ["State", "s4d_linear_readout", "s4d_linear_readout_naive", "s4d_linear_step"]
+__all__ = ["s4d_linear_readout", "s4d_linear_readout_naive", "s4d_linear_step"]

@@ -24,7 +24,9 @@ def _mode_last(X: torch.Tensor) -> tuple[torch.Tensor, bool]:
     XT = X.mT
     if XT.stride(-1) == 1 and XT.stride(-2) == XT.shape[-1]:
         return XT, True
-    return XT.contiguous(), False
+    # clone, not .contiguous(): with M = 1 a transposed tensor already counts as contiguous
+    # while its last stride is not 1
+    return XT.clone(memory_format=torch.contiguous_format), False
 
 
 def _interleaved(x: torch.Tensor) -> torch.Tensor:
@@ -54,17 +56,15 @@ def _triton_step(q, k, v, lam, beta, G_hat, state, inplace):
 
     if q.dim() != 3:
         raise ValueError(f"q: the triton decode step takes (B, H, R), got {tuple(q.shape)}")
-    Xk, Xv = state if inplace else (s.clone() for s in state)
-    work = [X if X.dtype == torch.complex64 and X.mT.stride(-1) == 1 else None for X in (Xk, Xv)]
-    if None in work:  # copy into the kernel's layout, then back
-        B, H, M, R = Xk.shape
-        work = list(empty_state(B, H, M, R, Xv.shape[-1], device=q.device))
-        work[0].copy_(Xk)
-        work[1].copy_(Xv)
-    o = idmix_kernels.decode_step_triton(q, k, v, lam, beta, G_hat, *work)
-    for dst, src in zip((Xk, Xv), work, strict=True):
-        if dst is not src:
-            dst.copy_(src)
+    Xk, Xv = state if inplace else tuple(X.clone() for X in state)  # clone keeps the layout
+    work = []
+    for X in (Xk, Xv):
+        XT, is_view = _mode_last(X.to(torch.complex64))
+        work.append((XT, is_view and X.dtype == torch.complex64))
+    o = idmix_kernels.decode_step_triton(q, k, v, lam, beta, G_hat, *(XT.mT for XT, _ in work))
+    for X, (XT, is_view) in zip((Xk, Xv), work, strict=True):
+        if not is_view:  # the kernel updated a copy in its layout
+            X.copy_(XT.mT)
     return o.to(q.dtype), (Xk, Xv)
 
 
