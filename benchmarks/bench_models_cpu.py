@@ -69,8 +69,7 @@ def fill_cache(model, ctx):
             cache.v[:, :, :ctx].normal_()
             cache.length.fill_(ctx)
         else:
-            cache.xk.copy_(torch.randn_like(cache.xk) * 0.1)
-            cache.xv.copy_(torch.randn_like(cache.xv) * 0.1)
+            cache.state.copy_(torch.randn_like(cache.state) * 0.1)
 
 
 def decode_fn(model, ctx):

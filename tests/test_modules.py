@@ -63,7 +63,7 @@ def test_grouped_state_equals_tied_heads():
     x = torch.randn(2, 29, D)
     torch.testing.assert_close(grouped(x), full(x), atol=1e-5, rtol=1e-5)
     grouped.setup_cache(2, torch.float32)
-    assert grouped.kv_cache.xk.shape[1] == G  # the state shrinks H/G times
+    assert grouped.kv_cache.state.shape[1] == G  # the state shrinks H/G times
 
 
 def test_calibration_gives_unit_rms():

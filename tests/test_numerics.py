@@ -42,17 +42,17 @@ def test_bf16_autocast_keeps_state_fp32():
 
 
 def saved_bytes(fn) -> int:
-    """Bytes of the tensors autograd keeps for backward while fn() builds its graph."""
-    total = 0
+    """Bytes of the distinct tensors autograd keeps for backward while fn() builds its graph
+    (a tensor saved by several nodes is held once)."""
+    seen = {}
 
     def pack(t):
-        nonlocal total
-        total += t.numel() * t.element_size()
+        seen[(t.data_ptr(), t.numel(), t.dtype)] = t.numel() * t.element_size()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
-    return total
+    return sum(seen.values())
 
 
 def test_autograd_keeps_no_per_position_state():

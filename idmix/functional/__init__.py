@@ -7,11 +7,20 @@ from .interdomain import (
     interdomain_attention,
     interdomain_attention_closed_form,
     interdomain_attention_naive,
+    interdomain_attention_real,
     interdomain_decode_step,
+    interdomain_decode_step_real,
 )
-from .readout import READOUTS, readout_gram
+from .readout import READOUTS, readout_gram, readout_gram_real
 from .rope import rope
-from .s4d import complex_A, discretize, log_uniform_dt, s4d_inv_init, s4d_lin_init
+from .s4d import (
+    complex_A,
+    discretize,
+    discretize_real,
+    log_uniform_dt,
+    s4d_inv_init,
+    s4d_lin_init,
+)
 from .short_conv import short_conv, short_conv_naive, short_conv_step, short_conv_with_resets
 
 __all__ = [
@@ -19,13 +28,17 @@ __all__ = [
     "READOUTS",
     "complex_A",
     "discretize",
+    "discretize_real",
     "empty_state",
     "interdomain_attention",
     "interdomain_attention_closed_form",
     "interdomain_attention_naive",
+    "interdomain_attention_real",
     "interdomain_decode_step",
+    "interdomain_decode_step_real",
     "log_uniform_dt",
     "readout_gram",
+    "readout_gram_real",
     "rope",
     "s4d_inv_init",
     "s4d_lin_init",

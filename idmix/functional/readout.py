@@ -17,14 +17,22 @@ def readout_gram(C: torch.Tensor, readout: str = "conj") -> torch.Tensor:
     """
     if not C.is_complex():
         raise TypeError(f"C: expected a complex tensor, got {C.dtype}")
-    if C.dim() != 3 or C.shape[-1] != C.shape[-2]:
-        raise ValueError(f"C: expected (H, M, M), got shape {tuple(C.shape)}")
-    if readout == "conj":
-        G = C.mH @ C
-        Gr, Gi = G.real, G.imag
+    return readout_gram_real(C.real, C.imag, readout)
+
+
+def readout_gram_real(C_re: torch.Tensor, C_im: torch.Tensor, readout: str = "conj"):
+    """:func:`readout_gram` from the real and imaginary parts of C, (H, M, M) each, in real
+    GEMMs only (the layers' path: it compiles with Inductor, which has no complex codegen)."""
+    if C_re.dim() != 3 or C_re.shape[-1] != C_re.shape[-2] or C_im.shape != C_re.shape:
+        raise ValueError(
+            f"C: expected (H, M, M), got shapes {tuple(C_re.shape)} and {tuple(C_im.shape)}"
+        )
+    if readout not in READOUTS:
+        raise ValueError(f"readout: expected one of {READOUTS}, got {readout!r}")
+    rr, ii = C_re.mT @ C_re, C_im.mT @ C_im
+    ri, ir = C_re.mT @ C_im, C_im.mT @ C_re
+    if readout == "conj":  # G = Cᴴ C
+        Gr, Gi = rr + ii, ri - ir
         return torch.cat([torch.cat([Gr, -Gi], -1), torch.cat([Gi, Gr], -1)], -2)
-    if readout == "product":
-        G = C.mT @ C
-        Gr, Gi = G.real, G.imag
-        return torch.cat([torch.cat([Gr, -Gi], -1), torch.cat([-Gi, -Gr], -1)], -2)
-    raise ValueError(f"readout: expected one of {READOUTS}, got {readout!r}")
+    Gr, Gi = rr - ii, ri + ir  # product: G = Cᵀ C
+    return torch.cat([torch.cat([Gr, -Gi], -1), torch.cat([-Gi, -Gr], -1)], -2)

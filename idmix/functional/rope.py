@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
 
-@lru_cache(maxsize=32)
 def _inv_freq(dim: int, base: float, device: torch.device) -> torch.Tensor:
     return base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
 
@@ -17,8 +14,9 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> tor
 
     θ_i = base^(-2i/F). Angles are computed from the positions directly (no length cap), so any
     context length works, packed documents included (positions restart at 0). Each pair is
-    rotated as one complex multiply (fewest ops: ~13x faster than the real-arithmetic form on
-    CPU at T = 2K, and cheaper per decoded token).
+    rotated as one complex multiply in eager mode (fewest ops: 3-8x faster than the real form on
+    CPU at T = 2K); under torch.compile in real arithmetic, which Inductor fuses into one kernel
+    (it has no complex codegen).
     """
     F_ = x.shape[-1]
     if F_ % 2:
@@ -27,6 +25,10 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> tor
     if pos.dim() == 1:
         pos = pos[None]
     ang = pos[..., None, None] * _inv_freq(F_, float(base), x.device)  # (B, T, 1, F/2)
+    if torch.compiler.is_compiling():
+        cos, sin = torch.cos(ang), torch.sin(ang)
+        x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).flatten(-2).to(x.dtype)
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)).contiguous())
     return (
         torch.view_as_real(pairs * torch.polar(torch.ones_like(ang), ang)).flatten(-2).to(x.dtype)

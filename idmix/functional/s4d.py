@@ -68,3 +68,34 @@ def discretize(
         denom = 1 - dA / 2
         return (1 + dA / 2) / denom, dt.to(A.real.dtype).unsqueeze(-1) / denom
     raise ValueError(f"method: expected 'zoh' or 'bilinear', got {method!r}")
+
+
+def discretize_real(
+    dt: torch.Tensor, log_A_real: torch.Tensor, A_imag: torch.Tensor, method: str = "zoh"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`discretize` in real arithmetic, straight from the parameters (what the layers use:
+    Inductor has no complex codegen, and this fuses into one kernel under torch.compile).
+
+    dt: (H,); log_A_real, A_imag: (H, M). Returns (lam_ri, beta_ri): (H, M, 2) [re, im] pairs,
+    equal to ``torch.view_as_real`` of :func:`discretize`'s (lam, beta).
+    """
+    if dt.dim() != 1 or dt.shape[0] != log_A_real.shape[0]:
+        raise ValueError(f"dt: expected ({log_A_real.shape[0]},), got {tuple(dt.shape)}")
+    ar, ai = -torch.exp(log_A_real), A_imag
+    dt_ = dt.to(ar.dtype).unsqueeze(-1)
+    if method == "zoh":
+        mag = torch.exp(dt_ * ar)
+        lr, li = mag * torch.cos(dt_ * ai), mag * torch.sin(dt_ * ai)
+        # β = (λ - 1)/A = (λ - 1)·conj(A)/|A|²
+        inv = 1.0 / (ar * ar + ai * ai)
+        br, bi = ((lr - 1) * ar + li * ai) * inv, (li * ar - (lr - 1) * ai) * inv
+    elif method == "bilinear":
+        # 1/(1 - ΔA/2) = conj(d)/|d|² with d = 1 - ΔA/2
+        dr, di = 1 - dt_ * ar / 2, -dt_ * ai / 2
+        inv = 1.0 / (dr * dr + di * di)
+        nr, ni = 1 + dt_ * ar / 2, dt_ * ai / 2
+        lr, li = (nr * dr + ni * di) * inv, (ni * dr - nr * di) * inv
+        br, bi = dt_ * dr * inv, -dt_ * di * inv
+    else:
+        raise ValueError(f"method: expected 'zoh' or 'bilinear', got {method!r}")
+    return torch.stack([lr, li], -1), torch.stack([br, bi], -1)

@@ -5,20 +5,20 @@ from __future__ import annotations
 import torch
 from tensordict import tensorclass
 
-from ..functional import empty_state
+from ..functional.interdomain.realform import interleaved_to_state
 
 
 @tensorclass
 class RecurrentCache:
     """SSM mixer state: constant in the context length.
 
-    xk: (B, H, M, R) and xv: (B, H, M, D) complex64 (mode-last storage, see empty_state);
+    state: (B, H, R+D, 2M) fp32, the key and value states in the interleaved real form of
+    ``interdomain_attention_real`` (complex views: :meth:`complex_state`);
     conv_q, conv_a, conv_b: (B, W-1, d) short-conv histories of the query and the two input
     branches ((B, 0, d) for a branch without a conv).
     """
 
-    xk: torch.Tensor
-    xv: torch.Tensor
+    state: torch.Tensor
     conv_q: torch.Tensor
     conv_a: torch.Tensor
     conv_b: torch.Tensor
@@ -28,17 +28,25 @@ class RecurrentCache:
         cls, batch_size, num_heads, num_modes, key_dim, value_dim, conv_shapes, dtype, device=None
     ):
         """conv_shapes: ((W-1, channels) of the query, a and b branches)."""
-        xk, xv = empty_state(batch_size, num_heads, num_modes, key_dim, value_dim, device=device)
+        C = key_dim + value_dim
+        state = torch.zeros(batch_size, num_heads, C, 2 * num_modes, device=device)
         convs = [torch.zeros(batch_size, w, c, dtype=dtype, device=device) for w, c in conv_shapes]
         return cls(
-            xk=xk, xv=xv, conv_q=convs[0], conv_a=convs[1], conv_b=convs[2], batch_size=[batch_size]
+            state=state,
+            conv_q=convs[0],
+            conv_a=convs[1],
+            conv_b=convs[2],
+            batch_size=[batch_size],
         )
+
+    def complex_state(self, key_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Xk: (B, H, M, R), Xv: (B, H, M, D)) complex64 views of ``state``."""
+        return interleaved_to_state(self.state, key_dim)
 
     def reset_rows(self, rows: torch.Tensor) -> None:
         """Zero the state of the batch rows where rows (B,) is True (a new document starts)."""
         keep = (~rows).view(-1, 1, 1, 1)
-        self.xk.mul_(keep)
-        self.xv.mul_(keep)
+        self.state.mul_(keep)
         for conv in (self.conv_q, self.conv_a, self.conv_b):
             conv.mul_(keep[..., 0].to(conv.dtype))
 

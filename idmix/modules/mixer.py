@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..functional import interdomain_attention, interdomain_decode_step
+from ..functional import interdomain_attention_real, interdomain_decode_step_real
+from ..functional.interdomain.realform import interleaved_to_state, state_to_interleaved
 from ..functional.s4d_readout import s4d_linear_readout, s4d_linear_step
 from .base import CachedMixer
 from .branches import Branch, HeadNorm
@@ -113,7 +114,7 @@ class SSMMixer(CachedMixer):
         pos, reset = positions_and_resets(input_pos, B, T, x.device)
         cache = self.kv_cache if self.cache_enabled else None
         if cache is not None:
-            if reset is not None and bool(reset[:, 0].any()):
+            if reset is not None:  # rows whose first position starts a document (branch-free)
                 cache.reset_rows(reset[:, 0])
             if T == 1:
                 return self._step(x[:, 0], pos[:, 0], cache)[:, None]
@@ -124,52 +125,42 @@ class SSMMixer(CachedMixer):
         a, ca = self.branch_a(x, pos, reset, convs[1])
         b, cb = self.branch_b(x, pos, reset, convs[2])
         a, b = self.norm_a(a), self.norm_b(b)
-        init = None if cache is None else (cache.xk, cache.xv)
-        o, (xk, xv) = self._core_by_document(q, a, b, init, reset)
+        init = None if cache is None else cache.state
+        o, state = self._core_by_document(q, a, b, init, reset)
         if cache is not None:
-            self._store(cache, xk, xv, cq, ca, cb)
+            self._store(cache, state, cq, ca, cb)
         return self._output(x, o)
 
     @staticmethod
     @torch.no_grad()
-    def _store(cache: RecurrentCache, xk, xv, cq, ca, cb) -> None:
+    def _store(cache: RecurrentCache, state, cq, ca, cb) -> None:
         """Write the new state into the cache (inference state: never part of a graph)."""
-        cache.xk.copy_(xk)
-        cache.xv.copy_(xv)
+        cache.state.copy_(state)
         for dst, src in zip((cache.conv_q, cache.conv_a, cache.conv_b), (cq, ca, cb), strict=True):
             if src is not None:
                 dst.copy_(src)
 
     # internals ---------------------------------------------------------------------------------
     def _core(self, q, a, b, init, reset=None):
-        """One document per row. q: (B, T, H, d_h); a, b: (B, T, G, d_h). Returns (o, state)."""
-        lam, beta, C = self.ssm.discretized()
-        if self.readout == "query" and self.num_state_groups != self.num_heads:
-            return self._grouped_core(q, a, b, lam, beta, C, init, reset)
+        """One document per row (or document starts in ``reset``, query readout).
+        q: (B, T, H, d_h); a, b: (B, T, G, d_h); init: (B, G, 2d_h, 2M) real state or None.
+        Returns (o: (B, T, H, d_h), final state like init)."""
         if self.readout == "query":
-            return self._query_op(q, a, b, lam, beta, C, init, reset)
-        z = torch.cat([a, b], dim=-1)
-        init_z = None if init is None else torch.cat(init, dim=-1)
-        y, X = s4d_linear_readout(z, lam, beta, self._contraction(C), init_z, True)
+            lam_ri, beta_ri = self.ssm.discretized_real()
+            G_hat = self.ssm.gram(self.readout_convention)
+            if self.num_state_groups != self.num_heads:
+                return self._grouped_core(q, a, b, lam_ri, beta_ri, G_hat, init, reset)
+            return interdomain_attention_real(
+                q, a, b, lam_ri, beta_ri, G_hat, init, chunk_size=self.chunk_size, reset=reset
+            )
+        lam, beta, C = self.ssm.discretized()
         d_h = self.head_dim
-        return y[..., :d_h] + y[..., d_h:], (X[..., :d_h], X[..., d_h:])
+        z = torch.cat([a, b], dim=-1)
+        init_z = None if init is None else torch.cat(interleaved_to_state(init, d_h), dim=-1)
+        y, X = s4d_linear_readout(z, lam, beta, self._contraction(C), init_z, True)
+        return y[..., :d_h] + y[..., d_h:], state_to_interleaved(X[..., :d_h], X[..., d_h:])
 
-    def _query_op(self, q, a, b, lam, beta, C, init, reset=None):
-        return interdomain_attention(
-            q,
-            a,
-            b,
-            lam,
-            beta,
-            C,
-            readout=self.readout_convention,
-            initial_state=init,
-            return_final_state=True,
-            chunk_size=self.chunk_size,
-            reset=reset,
-        )
-
-    def _grouped_core(self, q, a, b, lam, beta, C, init, reset=None):
+    def _grouped_core(self, q, a, b, lam_ri, beta_ri, G_hat, init, reset=None):
         """Grouped state: the r = H/G query heads of a group become r batch replicas that share
         one state (replicas of a, b and the initial state; one state is kept)."""
         B, T, H, d_h = q.shape
@@ -179,37 +170,44 @@ class SSMMixer(CachedMixer):
             return x.unsqueeze(1).expand(B, r, *x.shape[1:]).flatten(0, 1)
 
         q_r = q.unflatten(2, (G, r)).permute(0, 3, 1, 2, 4).flatten(0, 1)  # (B·r, T, G, d_h)
-        init_r = None if init is None else tuple(replicate(s) for s in init)
-        reset_r = None if reset is None else replicate(reset)
-        o, (xk, xv) = self._query_op(q_r, replicate(a), replicate(b), lam, beta, C, init_r, reset_r)
+        o, state = interdomain_attention_real(
+            q_r,
+            replicate(a),
+            replicate(b),
+            lam_ri,
+            beta_ri,
+            G_hat,
+            None if init is None else replicate(init),
+            chunk_size=self.chunk_size,
+            reset=None if reset is None else replicate(reset),
+        )
         o = o.unflatten(0, (B, r)).permute(0, 2, 3, 1, 4).flatten(2, 3)  # (B, T, H, d_h)
-        return o, (xk[::r], xv[::r])
+        return o, state[::r]
 
     def _contraction(self, C):
         """c = Cᵀ w: the per-head mode contraction of the linear readout, (H, M) complex."""
         return torch.einsum("hmn,hm->hn", C, self.mode_weights.float().to(C.dtype))
 
     def _core_by_document(self, q, a, b, init, reset):
+        if self.readout == "query":  # the chunked op masks across document starts itself
+            return self._core(q, a, b, init, reset)
         spans = documents(reset)
         if spans is None:
             return self._core(q, a, b, init)
-        if self.readout == "query":  # the chunked op masks across document starts itself
-            return self._core(q, a, b, init, reset)
         # linear readout (FFT convolution): one call per document
-        outs, xks, xvs = [], [], []
+        outs, states = [], []
         for row, row_spans in enumerate(spans):
-            state = None if init is None else tuple(s[row : row + 1] for s in init)
+            state = None if init is None else init[row : row + 1]
             pieces = []
             for t0, t1 in row_spans:
                 if t0 > 0:
                     state = None  # a document starts at t0: nothing carries over
                 sl = (slice(row, row + 1), slice(t0, t1))
-                o, state = self._core(None if q is None else q[sl], a[sl], b[sl], state)
+                o, state = self._core(None, a[sl], b[sl], state)
                 pieces.append(o)
             outs.append(torch.cat(pieces, dim=1))
-            xks.append(state[0])
-            xvs.append(state[1])
-        return torch.cat(outs), (torch.cat(xks), torch.cat(xvs))
+            states.append(state)
+        return torch.cat(outs), torch.cat(states)
 
     def _output(self, x, o):
         o = o.flatten(-2)  # (B, T, d)
@@ -233,26 +231,26 @@ class SSMMixer(CachedMixer):
             if src is not None:
                 dst.copy_(src)
         a, b = self.norm_a(a), self.norm_b(b)
-        lam, beta, C = self.ssm.discretized()
         if self.readout == "query":
-            G = self.num_state_groups
-            o, _ = interdomain_decode_step(
-                q.unflatten(1, (G, -1)),
+            lam_ri, beta_ri = self.ssm.discretized_real()
+            o = interdomain_decode_step_real(
+                q.unflatten(1, (self.num_state_groups, -1)),
                 a,
                 b,
-                lam,
-                beta,
+                lam_ri,
+                beta_ri,
                 self.ssm.gram(self.readout_convention),
-                (cache.xk, cache.xv),
-                inplace=True,
+                cache.state,
             )
             o = o.flatten(1, 2)  # (B, H, d_h)
         else:
+            lam, beta, C = self.ssm.discretized()
             c = self._contraction(C)
-            ya, xk = s4d_linear_step(a, lam, beta, c, cache.xk)
-            yb, xv = s4d_linear_step(b, lam, beta, c, cache.xv)
-            cache.xk.copy_(xk)
-            cache.xv.copy_(xv)
+            xk, xv = cache.complex_state(self.head_dim)  # views of cache.state
+            ya, new_k = s4d_linear_step(a, lam, beta, c, xk)
+            yb, new_v = s4d_linear_step(b, lam, beta, c, xv)
+            xk.copy_(new_k)
+            xv.copy_(new_v)
             o = ya + yb
         return self._output(x_t, o)
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..functional import complex_A, discretize, log_uniform_dt, readout_gram, s4d_inv_init
+from ..functional import (
+    complex_A,
+    discretize,
+    discretize_real,
+    log_uniform_dt,
+    readout_gram_real,
+    s4d_inv_init,
+)
 
 
 class S4DCore(nn.Module):
@@ -27,8 +34,7 @@ class S4DCore(nn.Module):
         self.log_dt = nn.Parameter(torch.empty(num_heads))
         self.C_re = nn.Parameter(torch.empty(num_heads, num_modes, num_modes))
         self.C_im = nn.Parameter(torch.empty(num_heads, num_modes, num_modes))
-        self._gram_cache = None
-        self._disc_cache = None
+        self._memo = {}
         self.reset_parameters()
 
     @torch.no_grad()
@@ -42,32 +48,41 @@ class S4DCore(nn.Module):
         nn.init.normal_(self.C_re, std=self.c_scale)
         nn.init.normal_(self.C_im, std=self.c_scale)
 
-    def _key(self):
-        return tuple((p.data_ptr(), p._version) for p in self.parameters())
-
-    def discretized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(lam, beta, C), each complex64 (H, M) / (H, M, M), in fp32 whatever the autocast.
-        Memoised while no gradient is recorded and the weights are unchanged (decoding)."""
+    def _memoised(self, name: str, compute):
+        """compute() under fp32 (autocast off), memoised per name while no gradient is recorded
+        and the weights are unchanged (a decode loop computes it once, not once per token)."""
         memo = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-        if memo and self._disc_cache is not None and self._disc_cache[0] == self._key():
-            return self._disc_cache[1]
+        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        if memo and name in self._memo and self._memo[name][0] == key:
+            return self._memo[name][1]
         with torch.autocast(self.C_re.device.type, enabled=False):
-            A = complex_A(self.log_A_real.float(), self.A_imag.float())
-            lam, beta = discretize(torch.exp(self.log_dt.float()), A)
-            out = lam, beta, torch.complex(self.C_re.float(), self.C_im.float())
+            out = compute()
         if memo:
-            self._disc_cache = (self._key(), out)
+            self._memo[name] = (key, out)
         return out
 
+    def discretized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(lam, beta, C), complex64 (H, M) / (H, M, M), fp32 whatever the autocast."""
+
+        def compute():
+            A = complex_A(self.log_A_real.float(), self.A_imag.float())
+            lam, beta = discretize(torch.exp(self.log_dt.float()), A)
+            return lam, beta, torch.complex(self.C_re.float(), self.C_im.float())
+
+        return self._memoised("complex", compute)
+
+    def discretized_real(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lam_ri, beta_ri): (H, M, 2) fp32 real pairs, no complex tensor (compiles whole)."""
+        return self._memoised(
+            "real",
+            lambda: discretize_real(
+                torch.exp(self.log_dt.float()), self.log_A_real.float(), self.A_imag.float()
+            ),
+        )
+
     def gram(self, readout: str) -> torch.Tensor:
-        """Ĝ (H, 2M, 2M) for the decode step; memoised while the weights are unchanged and no
-        gradient is being recorded (a decode loop computes it once, not once per token)."""
-        memo = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-        key = (readout, self._key())
-        if memo and self._gram_cache is not None and self._gram_cache[0] == key:
-            return self._gram_cache[1]
-        with torch.autocast(self.C_re.device.type, enabled=False):
-            G = readout_gram(torch.complex(self.C_re.float(), self.C_im.float()), readout)
-        if memo:
-            self._gram_cache = (key, G)
-        return G
+        """Ĝ (H, 2M, 2M) fp32 real, blocked (``readout_gram``), from C in real GEMMs."""
+        return self._memoised(
+            f"gram_{readout}",
+            lambda: readout_gram_real(self.C_re.float(), self.C_im.float(), readout),
+        )

@@ -7,10 +7,17 @@ import torch
 from ..readout import readout_gram
 from .chunked import chunk_decay_inputs, chunked_forward
 from .closed_form import interdomain_attention_closed_form
-from .decode import empty_state, interdomain_decode_step
+from .decode import empty_state, interdomain_decode_step, interdomain_decode_step_real
 from .naive import interdomain_attention_naive
 from .realform import blocked_to_interleaved, interleaved_to_state, state_to_interleaved
-from .validation import State, check_inputs
+from .validation import (
+    State,
+    check_chunk_size,
+    check_inputs,
+    check_qkv,
+    check_real_params,
+    check_reset,
+)
 
 IMPLS = ("chunked", "naive", "closed_form", "recurrent")
 
@@ -23,21 +30,69 @@ def _compute_dtype(q: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
 
 
 def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset):
-    B, T, H, R = q.shape
-    D, M = v.shape[-1], lam.shape[-1]
-    rdtype, cdtype = _compute_dtype(q)
-    q_, k_, v_ = (x.to(rdtype) for x in (q, k, v))
-    G_hat = blocked_to_interleaved(readout_gram(C.to(cdtype), readout))
-    if initial_state is None:
-        Z0 = q_.new_zeros(B, H, R + D, 2 * M)
-    else:
+    R = q.shape[-1]
+    _, cdtype = _compute_dtype(q)
+    Z0 = None
+    if initial_state is not None:
         Z0 = state_to_interleaved(*(s.to(cdtype) for s in initial_state))
-    with torch.autocast(q.device.type, enabled=False):
-        decays = chunk_decay_inputs(
-            torch.view_as_real(lam.to(cdtype)), torch.view_as_real(beta.to(cdtype)), T, chunk_size
+    o, Z = _chunked_real(
+        q,
+        k,
+        v,
+        torch.view_as_real(lam.to(cdtype)),
+        torch.view_as_real(beta.to(cdtype)),
+        readout_gram(C.to(cdtype), readout),
+        Z0,
+        chunk_size,
+        reset,
+    )
+    return o, interleaved_to_state(Z, R)
+
+
+def _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset):
+    B, T, H, R = q.shape
+    D, M = v.shape[-1], lam_ri.shape[1]
+    rdtype, _ = _compute_dtype(q)
+    q_, k_, v_ = (x.to(rdtype) for x in (q, k, v))
+    Z0 = q_.new_zeros(B, H, R + D, 2 * M) if Z0 is None else Z0.to(rdtype)
+    decays = chunk_decay_inputs(lam_ri.to(rdtype), beta_ri.to(rdtype), T, chunk_size)
+    G = blocked_to_interleaved(G_hat.to(rdtype))
+    o, Z, _ = chunked_forward(q_, k_, v_, list(decays), G, Z0, reset, chunk_size)
+    return o.to(q.dtype), Z
+
+
+def interdomain_attention_real(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam_ri: torch.Tensor,
+    beta_ri: torch.Tensor,
+    G_hat: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    *,
+    chunk_size: int = 64,
+    reset: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunked op on real-form parameters and state, with no complex tensor anywhere: the
+    entry point the layers use, so that Inductor (which has no complex codegen) compiles them.
+
+    q, k: (B, T, H, R); v: (B, T, H, D); lam_ri, beta_ri: (H, M, 2) [re, im]
+    (``discretize_real``); G_hat: (H, 2M, 2M) blocked (``readout_gram_real``);
+    initial_state: (B, H, R+D, 2M) interleaved real state (rows: the R key then the D value
+    channels; columns: re₀, im₀, re₁, …), zeros if None; reset as in ``interdomain_attention``.
+    Returns (o: (B, T, H, D) in q's dtype, final state: (B, H, R+D, 2M) fp32 (fp64)).
+    """
+    B, T, H, R, D = check_qkv(q, k, v)
+    M = check_real_params(lam_ri, beta_ri, G_hat, H)
+    if initial_state is not None and tuple(initial_state.shape) != (B, H, R + D, 2 * M):
+        raise ValueError(
+            f"initial_state: expected (B, H, R+D, 2M) = {(B, H, R + D, 2 * M)}, "
+            f"got {tuple(initial_state.shape)}"
         )
-    o, Z, _ = chunked_forward(q_, k_, v_, list(decays), G_hat, Z0, reset, chunk_size)
-    return o.to(q.dtype), interleaved_to_state(Z, R)
+    check_chunk_size(chunk_size)
+    check_reset(reset, B, T)
+    with torch.autocast(q.device.type, enabled=False):
+        return _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, initial_state, chunk_size, reset)
 
 
 def _recurrent(q, k, v, lam, beta, C, readout, initial_state, reset):
@@ -92,11 +147,7 @@ def interdomain_attention(
     state is that of each row's last sequence.
     """
     check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size)
-    if reset is not None and (reset.dtype != torch.bool or reset.shape != q.shape[:2]):
-        raise ValueError(
-            f"reset: expected a bool tensor of shape (B, T) = {tuple(q.shape[:2])}, "
-            f"got {reset.dtype} {tuple(reset.shape)}"
-        )
+    check_reset(reset, *q.shape[:2])
     # The SSM runs in fp32 (fp64) whatever the ambient autocast: states and accumulators of a
     # long recurrence do not survive bf16. Inputs are upcast here and o is cast back.
     with torch.autocast(q.device.type, enabled=False):
@@ -127,8 +178,10 @@ def _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, r
 __all__ = [
     "IMPLS",
     "interdomain_attention",
+    "interdomain_attention_real",
     "interdomain_attention_naive",
     "interdomain_attention_closed_form",
     "interdomain_decode_step",
+    "interdomain_decode_step_real",
     "empty_state",
 ]

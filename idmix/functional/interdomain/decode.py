@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .realform import interleaved_to_state, state_to_interleaved
 from .validation import State
 
 
@@ -27,11 +28,6 @@ def _mode_last(X: torch.Tensor) -> tuple[torch.Tensor, bool]:
     # clone, not .contiguous(): with M = 1 a transposed tensor already counts as contiguous
     # while its last stride is not 1
     return XT.clone(memory_format=torch.contiguous_format), False
-
-
-def _interleaved(x: torch.Tensor) -> torch.Tensor:
-    """(..., M) complex -> (..., 2M) real view (re₀, im₀, re₁, …)."""
-    return torch.view_as_real(x).flatten(-2)
 
 
 BACKENDS = ("torch", "triton")
@@ -96,32 +92,68 @@ def interdomain_decode_step(
     """
     if _pick_backend(backend, q) == "triton":
         return _triton_step(q, k, v, lam, beta, G_hat, state, inplace)
+    R = state[0].shape[-1]
+    Z = state_to_interleaved(*state)  # (B, H, R+D, 2M), a copy
+    o, Z = _torch_step(q, k, v, torch.view_as_real(lam), torch.view_as_real(beta), G_hat, Z)
+    Xk, Xv = interleaved_to_state(Z, R)
+    if inplace:
+        state[0].copy_(Xk)
+        state[1].copy_(Xv)
+        Xk, Xv = state
+    return o, (Xk, Xv)
+
+
+def interdomain_decode_step_real(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam_ri: torch.Tensor,
+    beta_ri: torch.Tensor,
+    G_hat: torch.Tensor,
+    state: torch.Tensor,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """The decode step on the real interleaved state the layers keep, updated in place.
+
+    q: (B, H, R) or (B, H, r, R); k: (B, H, R); v: (B, H, D); lam_ri, beta_ri: (H, M, 2);
+    G_hat: (H, 2M, 2M) blocked; state: (B, H, R+D, 2M) real, contiguous (the state of
+    ``interdomain_attention_real``). Returns o: (B, H, D) or (B, H, r, D) in q's dtype.
+    No complex tensor on the torch path, so it compiles whole with Inductor.
+    """
+    if state.dim() != 4 or state.stride(-1) != 1 or not state.is_contiguous():
+        raise ValueError(
+            f"state: expected a contiguous (B, H, R+D, 2M) real tensor, got {tuple(state.shape)}"
+        )
+    if _pick_backend(backend, q) == "triton":
+        R = k.shape[-1]
+        Zc = torch.view_as_complex(state.unflatten(-1, (-1, 2)))  # (B, H, R+D, M), mode-last
+        lam, beta = (torch.view_as_complex(x.contiguous()) for x in (lam_ri, beta_ri))
+        states = (Zc[..., :R, :].mT, Zc[..., R:, :].mT)
+        return _triton_step(q, k, v, lam, beta, G_hat, states, inplace=True)[0]
+    o, new = _torch_step(q, k, v, lam_ri, beta_ri, G_hat, state)
+    state.copy_(new)
+    return o
+
+
+def _torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z):
+    """Functional step on Z: (B, H, R+D, 2M) interleaved real. Returns (o, new Z)."""
     with torch.autocast(q.device.type, enabled=False):
-        rdtype = G_hat.dtype
-        lam_, beta_ = lam[:, None, :], beta[:, None, :]  # (H, 1, M)
-        new, views = [], []
-        for X, z in zip(state, (k, v), strict=True):
-            XT, is_view = _mode_last(X)  # (B, H, C, M)
-            zb = beta_ * z[..., None].to(rdtype)  # (B, H, C, M)
-            if inplace and is_view:
-                new.append(XT.mul_(lam_).add_(zb))
-            else:
-                new.append(torch.addcmul(zb, lam_, XT))
-            views.append(is_view)
-        KT, VT = new
-        B, H, M = KT.shape[0], KT.shape[1], KT.shape[-1]
+        rdtype = Z.dtype
+        B, H, C, M2 = Z.shape
+        M = M2 // 2
+        z = torch.cat([k, v], dim=-1).to(rdtype)[..., None]  # (B, H, C, 1)
+        zr, zi = Z.view(B, H, C, M, 2).unbind(-1)
+        (lr, li), (br, bi) = (x.to(rdtype).unbind(-1) for x in (lam_ri, beta_ri))  # (H, M)
+        lr, li, br, bi = (x[:, None, :] for x in (lr, li, br, bi))
+        new = torch.stack([lr * zr - li * zi + br * z, lr * zi + li * zr + bi * z], -1)
+        new = new.view(B, H, C, M2)  # X ← λ⊙X + β⊗z, in one fused pass under compile
+        R = k.shape[-1]
         rows = q.to(rdtype) if q.dim() == 4 else q.to(rdtype)[:, :, None, :]  # (B, H, r, R)
         r = rows.shape[2]
-        p = rows @ _interleaved(KT)  # (B, H, r, 2M) interleaved
-        p_blocked = p.view(B, H, r, M, 2).transpose(-1, -2).reshape(B, H, r, 2 * M)
+        p = rows @ new[..., :R, :]  # (B, H, r, 2M) interleaved
+        p_blocked = p.view(B, H, r, M, 2).transpose(-1, -2).reshape(B, H, r, M2)
         # Row-vector products throughout: CPU BLAS is several times faster at x @ A than A @ x.
-        w = (p_blocked @ G_hat.mT).view(B, H, r, 2, M).transpose(-1, -2).reshape(B, H, r, 2 * M)
-        o = w @ _interleaved(VT).mT  # Σ_m Re(Xᵛ)w_re + Im(Xᵛ)w_im: (B, H, r, D)
+        w = (p_blocked @ G_hat.to(rdtype).mT).view(B, H, r, 2, M).transpose(-1, -2)
+        o = w.reshape(B, H, r, M2) @ new[..., R:, :].mT  # Σ_m Re(Xᵛ)w_re + Im(Xᵛ)w_im
         o = o if q.dim() == 4 else o.squeeze(-2)
-        Xk, Xv = KT.mT, VT.mT
-        if inplace:
-            for old, fresh, is_view in zip(state, (Xk, Xv), views, strict=True):
-                if not is_view:
-                    old.copy_(fresh)
-            Xk, Xv = state
-    return o.to(q.dtype), (Xk, Xv)
+    return o.to(q.dtype), new

@@ -57,8 +57,8 @@ def check_state(state, B: int, H: int, M: int, R: int, D: int, name: str) -> Non
     _complex(f"{name}[1] (Xv)", state[1], (B, H, M, D), "(B, H, M, D)")
 
 
-def check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size) -> Dims:
-    """Validate the arguments of ``interdomain_attention``; returns the problem sizes."""
+def check_qkv(q, k, v) -> tuple[int, int, int, int, int]:
+    """q, k: (B, T, H, R), v: (B, T, H, D), one real dtype, T >= 1. Returns (B, T, H, R, D)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _real_float(name, x)
         if x.dim() != 4:
@@ -79,10 +79,10 @@ def check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size) -> D
         raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if T < 1:
         raise ValueError("q: expected at least one time step (T >= 1), got T = 0")
-    M = check_params(lam, beta, C, H, readout)
-    D = v.shape[3]
-    if initial_state is not None:
-        check_state(initial_state, B, H, M, R, D, "initial_state")
+    return B, T, H, R, v.shape[3]
+
+
+def check_chunk_size(chunk_size) -> None:
     if (
         isinstance(chunk_size, bool)
         or not isinstance(chunk_size, int)
@@ -90,4 +90,37 @@ def check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size) -> D
         or chunk_size & (chunk_size - 1)
     ):
         raise ValueError(f"chunk_size: expected a positive power of two, got {chunk_size!r}")
+
+
+def check_reset(reset, B: int, T: int) -> None:
+    if reset is not None and (reset.dtype != torch.bool or tuple(reset.shape) != (B, T)):
+        raise ValueError(
+            f"reset: expected a bool tensor of shape (B, T) = {(B, T)}, "
+            f"got {reset.dtype} {tuple(reset.shape)}"
+        )
+
+
+def check_real_params(lam_ri, beta_ri, G_hat, H: int) -> int:
+    """lam_ri, beta_ri: (H, M, 2) real; G_hat: (H, 2M, 2M) real. Returns M."""
+    for name, x in (("lam_ri", lam_ri), ("beta_ri", beta_ri), ("G_hat", G_hat)):
+        _real_float(name, x)
+    if lam_ri.dim() != 3 or lam_ri.shape[0] != H or lam_ri.shape[2] != 2:
+        raise ValueError(f"lam_ri: expected (H, M, 2) with H = {H}, got {tuple(lam_ri.shape)}")
+    M = lam_ri.shape[1]
+    if beta_ri.shape != lam_ri.shape:
+        raise ValueError(f"beta_ri: expected {tuple(lam_ri.shape)}, got {tuple(beta_ri.shape)}")
+    if tuple(G_hat.shape) != (H, 2 * M, 2 * M):
+        raise ValueError(
+            f"G_hat: expected (H, 2M, 2M) = {(H, 2 * M, 2 * M)}, got {tuple(G_hat.shape)}"
+        )
+    return M
+
+
+def check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size) -> Dims:
+    """Validate the arguments of ``interdomain_attention``; returns the problem sizes."""
+    B, T, H, R, D = check_qkv(q, k, v)
+    M = check_params(lam, beta, C, H, readout)
+    if initial_state is not None:
+        check_state(initial_state, B, H, M, R, D, "initial_state")
+    check_chunk_size(chunk_size)
     return Dims(B, T, H, R, D, M)
