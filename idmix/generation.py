@@ -68,11 +68,14 @@ def generate(
     pad_id: int = 0,
     callback: Callable[[int, torch.Tensor], None] | None = None,
     generator: torch.Generator | None = None,
+    compile: bool = False,
 ) -> list[list[int]]:
     """Generate up to max_new_tokens per prompt; returns the new tokens of each row (a row stops
     after its first stop token, which is kept). Prompts of different lengths are left-padded;
     positions restart at 0 on each row's first real token, so the SSM mixers reset their state
     there and padding never leaks in. callback(step, tokens (B,)) streams each new token.
+    compile: run the one-token step through ``torch.compile(fullgraph=True)``; it compiles once
+    per (model, batch size) and never again across steps (the caches are updated in place).
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts: expected a non-empty list of non-empty token lists")
@@ -100,6 +103,8 @@ def generate(
         done = torch.zeros(B, dtype=torch.bool, device=device)
         stop = torch.as_tensor(list(stop_tokens), dtype=torch.long, device=device)
         next_pos = pos[:, -1] + 1
+        # Dynamo caches the compiled forward on the model's code: a second call does not recompile
+        one_token = torch.compile(model, fullgraph=True, dynamic=False) if compile else model
         for step in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, generator)
             nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
@@ -111,9 +116,8 @@ def generate(
             done |= torch.isin(nxt, stop)
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
-            logits = model(
-                nxt[:, None], mask=mask[:, P + step : P + step + 1], input_pos=next_pos[:, None]
-            )[:, -1]
+            row = mask[:, P + step : P + step + 1].clone()  # same strides every step
+            logits = one_token(nxt[:, None], mask=row, input_pos=next_pos[:, None])[:, -1]
             next_pos = next_pos + 1
     finally:
         release_caches(model)

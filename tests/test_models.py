@@ -142,18 +142,3 @@ def test_torchtune_fsdp2_shards_our_blocks(tmp_path):
         assert torch.allclose(out, ref, atol=1e-5)
     finally:
         dist.destroy_process_group()
-
-
-@pytest.mark.parametrize("mixer", ["interdomain", "s4d", "softmax"])
-def test_blocks_compile_fullgraph(mixer):
-    """One whole block, forward and backward, traces with fullgraph=True (no graph break) and
-    matches eager. aot_eager runs Dynamo and AOTAutograd (custom ops included) without codegen."""
-    torch._dynamo.reset()
-    block = models.cpu_model(mixer, "tiny").layers[0]
-    x = torch.randn(2, 37, 128, requires_grad=True)
-    ref = block(x)
-    out = torch.compile(block, fullgraph=True, backend="aot_eager")(x)
-    out.sum().backward()
-    torch.testing.assert_close(out, ref)
-    assert x.grad is not None and torch.isfinite(x.grad).all()
-    torch._dynamo.reset()

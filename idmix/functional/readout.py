@@ -29,10 +29,9 @@ def readout_gram_real(C_re: torch.Tensor, C_im: torch.Tensor, readout: str = "co
         )
     if readout not in READOUTS:
         raise ValueError(f"readout: expected one of {READOUTS}, got {readout!r}")
-    rr, ii = C_re.mT @ C_re, C_im.mT @ C_im
-    ri, ir = C_re.mT @ C_im, C_im.mT @ C_re
-    if readout == "conj":  # G = Cᴴ C
-        Gr, Gi = rr + ii, ri - ir
-        return torch.cat([torch.cat([Gr, -Gi], -1), torch.cat([Gi, Gr], -1)], -2)
-    Gr, Gi = rr - ii, ri + ir  # product: G = Cᵀ C
-    return torch.cat([torch.cat([Gr, -Gi], -1), torch.cat([-Gi, -Gr], -1)], -2)
+    # Ĉ = [[C_r, -C_i], [C_i, C_r]] is C as a real 2M×2M map; conj: Ĝ = ĈᵀĈ (G = CᴴC);
+    # product: Ĝ = Ĉᵀ diag(I, -I) Ĉ (G = CᵀC). One batched GEMM either way.
+    top, bottom = torch.cat([C_re, -C_im], -1), torch.cat([C_im, C_re], -1)
+    C_hat = torch.cat([top, bottom], -2)
+    right = C_hat if readout == "conj" else torch.cat([top, -bottom], -2)
+    return C_hat.mT @ right

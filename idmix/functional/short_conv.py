@@ -43,8 +43,13 @@ def short_conv(
     elif cache.shape != (B, W - 1, C):
         raise ValueError(f"cache: expected ({B}, {W - 1}, {C}), got {tuple(cache.shape)}")
     padded = torch.cat([cache.to(x.dtype), x], dim=1)  # (B, T+W-1, C)
-    y = F.conv1d(padded.transpose(1, 2), weight.unsqueeze(1).to(x.dtype), groups=C)
-    y = y.transpose(1, 2)
+    if torch.compiler.is_compiling():
+        # W shifted multiply-adds: pointwise, so Inductor fuses them with what follows
+        # (bias, RoPE, ξ, the head norm) instead of calling out to a convolution
+        y = sum(weight[:, j].to(x.dtype) * padded[:, j : j + T] for j in range(W))
+    else:
+        y = F.conv1d(padded.transpose(1, 2), weight.unsqueeze(1).to(x.dtype), groups=C)
+        y = y.transpose(1, 2)
     if bias is not None:
         y = y + bias.to(x.dtype)
     return y, padded[:, T:].contiguous() if W > 1 else padded[:, :0]

@@ -19,7 +19,7 @@ from ..functional.s4d_readout import s4d_linear_readout, s4d_linear_step
 from .base import CachedMixer
 from .branches import Branch, HeadNorm
 from .cache import RecurrentCache
-from .documents import documents, positions_and_resets
+from .documents import positions_and_resets
 from .ssm import S4DCore
 
 INPUT_PATHS = ("dual_kv", "generic")
@@ -126,7 +126,7 @@ class SSMMixer(CachedMixer):
         b, cb = self.branch_b(x, pos, reset, convs[2])
         a, b = self.norm_a(a), self.norm_b(b)
         init = None if cache is None else cache.state
-        o, state = self._core_by_document(q, a, b, init, reset)
+        o, state = self._core(q, a, b, init, reset)
         if cache is not None:
             self._store(cache, state, cq, ca, cb)
         return self._output(x, o)
@@ -142,9 +142,8 @@ class SSMMixer(CachedMixer):
 
     # internals ---------------------------------------------------------------------------------
     def _core(self, q, a, b, init, reset=None):
-        """One document per row (or document starts in ``reset``, query readout).
-        q: (B, T, H, d_h); a, b: (B, T, G, d_h); init: (B, G, 2d_h, 2M) real state or None.
-        Returns (o: (B, T, H, d_h), final state like init)."""
+        """q: (B, T, H, d_h); a, b: (B, T, G, d_h); init: (B, G, 2d_h, 2M) real state or None;
+        reset: (B, T) bool document starts or None. Returns (o: (B, T, H, d_h), final state)."""
         if self.readout == "query":
             lam_ri, beta_ri = self.ssm.discretized_real()
             G_hat = self.ssm.gram(self.readout_convention)
@@ -157,7 +156,7 @@ class SSMMixer(CachedMixer):
         d_h = self.head_dim
         z = torch.cat([a, b], dim=-1)
         init_z = None if init is None else torch.cat(interleaved_to_state(init, d_h), dim=-1)
-        y, X = s4d_linear_readout(z, lam, beta, self._contraction(C), init_z, True)
+        y, X = s4d_linear_readout(z, lam, beta, self._contraction(C), init_z, True, reset)
         return y[..., :d_h] + y[..., d_h:], state_to_interleaved(X[..., :d_h], X[..., d_h:])
 
     def _grouped_core(self, q, a, b, lam_ri, beta_ri, G_hat, init, reset=None):
@@ -187,27 +186,6 @@ class SSMMixer(CachedMixer):
     def _contraction(self, C):
         """c = Cᵀ w: the per-head mode contraction of the linear readout, (H, M) complex."""
         return torch.einsum("hmn,hm->hn", C, self.mode_weights.float().to(C.dtype))
-
-    def _core_by_document(self, q, a, b, init, reset):
-        if self.readout == "query":  # the chunked op masks across document starts itself
-            return self._core(q, a, b, init, reset)
-        spans = documents(reset)
-        if spans is None:
-            return self._core(q, a, b, init)
-        # linear readout (FFT convolution): one call per document
-        outs, states = [], []
-        for row, row_spans in enumerate(spans):
-            state = None if init is None else init[row : row + 1]
-            pieces = []
-            for t0, t1 in row_spans:
-                if t0 > 0:
-                    state = None  # a document starts at t0: nothing carries over
-                sl = (slice(row, row + 1), slice(t0, t1))
-                o, state = self._core(None, a[sl], b[sl], state)
-                pieces.append(o)
-            outs.append(torch.cat(pieces, dim=1))
-            states.append(state)
-        return torch.cat(outs), torch.cat(states)
 
     def _output(self, x, o):
         o = o.flatten(-2)  # (B, T, d)

@@ -9,7 +9,7 @@ from torch import nn
 from ..functional import rope
 from .base import CachedMixer
 from .cache import KVCache
-from .documents import documents, positions_and_resets
+from .documents import positions_and_resets
 
 
 class SoftmaxAttention(CachedMixer):
@@ -56,19 +56,19 @@ class SoftmaxAttention(CachedMixer):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, d_h)
         cache = self.kv_cache if self.cache_enabled else None
         if cache is not None:
-            start = int(cache.length[0])
-            cache.k[:, :, start : start + T] = k.to(cache.k.dtype)
-            cache.v[:, :, start : start + T] = v.to(cache.v.dtype)
+            # positions written from the length tensor (no host sync: decoding compiles whole)
+            rows = cache.length[:1] + torch.arange(T, device=x.device)  # (T,)
+            cache.k.index_copy_(2, rows, k.to(cache.k.dtype))
+            cache.v.index_copy_(2, rows, v.to(cache.v.dtype))
             cache.length += T
             k, v = cache.k.to(q.dtype), cache.v.to(q.dtype)
             if mask is None:
                 cols = torch.arange(k.shape[2], device=x.device)
-                mask = cols[None, :] <= start + torch.arange(T, device=x.device)[:, None]
-                mask = mask.expand(B, T, -1)
+                mask = (cols[None, :] <= rows[:, None]).expand(B, T, -1)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, :, : k.shape[2]])
         elif mask is not None:
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
-        elif documents(reset) is not None:
+        elif reset is not None:  # packed documents: block-causal (branch-free, so it compiles)
             doc = reset.long().cumsum(dim=1)  # document id per position
             same = doc[:, :, None] == doc[:, None, :]
             causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()

@@ -37,5 +37,5 @@ def chunk_decays(lam_ri: torch.Tensor, beta_ri: torch.Tensor, L: int) -> ChunkDe
 
     by_lag = interleave(br * pr[:, :L] - bi * pi[:, :L], br * pi[:, :L] + bi * pr[:, :L])
     return ChunkDecays(
-        interleave(pr[:, 1:], pi[:, 1:]), by_lag.flip(1), interleave(pr[:, L], pi[:, L])
+        interleave(pr[:, 1:], pi[:, 1:]), by_lag.flip(1), interleave(pr[:, -1], pi[:, -1])
     )
