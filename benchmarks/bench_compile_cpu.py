@@ -5,9 +5,10 @@
 
 Layer: InterdomainAttention (d = 512, 8 heads of 64, M = 64), B = 1, fp32, forward + backward.
 Tiny model: training step (forward, cross-entropy, backward, AdamW) at B = 4, T = 512, each block
-compiled with fullgraph=True (torchtune / torchtitan style); decoding: one token per step through
-the recurrent cache, B = 1, the whole model compiled. Compile time = the first call's wall time
-(Dynamo + AOTAutograd + Inductor, with whatever the Inductor cache already holds).
+and the loss compiled with fullgraph=True (torchtune's compile_model + compile_loss); decoding:
+one token per step through the recurrent cache, B = 1, the whole model compiled. Compile
+time = the first call's wall time (Dynamo + AOTAutograd + Inductor, with whatever the Inductor
+cache already holds).
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ def layer_rows(lengths):
     return rows
 
 
+def cross_entropy(logits, labels):
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
 def train_row(B=4, T=512):
     torch._dynamo.reset()
     models = {}
@@ -69,21 +74,22 @@ def train_row(B=4, T=512):
         models[name] = cpu_model("interdomain", "tiny", max_seq_len=T)
     for layer in models["compiled"].layers:
         layer.compile(fullgraph=True, dynamic=False)
+    losses = {"eager": cross_entropy, "compiled": torch.compile(cross_entropy, fullgraph=True)}
     tokens = torch.randint(0, 4096, (B, T + 1))
 
-    def step_fn(model):
+    def step_fn(name):
+        model = models[name]
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def step():
-            logits = model(tokens[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            loss = losses[name](model(tokens[:, :-1]), tokens[:, 1:])
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
         return step
 
-    fns = {name: step_fn(m) for name, m in models.items()}
+    fns = {name: step_fn(name) for name in models}
     compile_s = first_call_seconds(fns["compiled"])
     t = interleaved_medians(fns, reps=7)
     tps = {name: B * T / s for name, s in t.items()}
