@@ -30,6 +30,7 @@ from tqdm import tqdm
 from idmix.training import checkpoint as ckpt
 from idmix.training.optim import param_groups, warmup_cosine
 from idmix.training.packing import PackedStream, cycling_documents, streaming_documents
+from idmix.training.plots import plot_history
 
 KEYS = {
     "output_dir", "overwrite", "resume_from_checkpoint", "seed", "device", "dtype", "model",
@@ -289,6 +290,7 @@ class PretrainRecipe:
             self.save()
         if self.rank == 0:
             ckpt.atomic_write_json(self.out / "history.json", self.history)
+            plot_history(self.history, self.out / "loss_curve.png", Path(self.out).name)
         if self.step == self.total_steps:
             ckpt.export_model(
                 self.out / "model_final.pt", self.model, OmegaConf.to_container(cfg.model)
@@ -318,7 +320,8 @@ class PretrainRecipe:
             f"{rate:,.0f} tokens/s | loss {first['loss']:.3f} (step {first['step']}) -> "
             f"{last['loss']:.3f} (step {last['step']})"
             + (f" | val ppl best {min(vals):.2f}, final {vals[-1]:.2f}" if vals else "")
-            + f"\nrun directory: {self.out} (model_final.pt, checkpoints/, logs)"
+            + f"\nrun directory: {self.out} (model_final.pt, checkpoints/, logs/, history.json, "
+            "loss_curve.png)"
         )
 
     def cleanup(self) -> None:

@@ -46,6 +46,7 @@ def test_tune_run_one_process_trains(tmp_path):
     final = torch.load(run / "model_final.pt", weights_only=False)
     assert final["model_config"]["_component_"] == "idmix.models.interdomain_tiny"
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000030"
+    assert (run / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_tune_run_two_processes_fsdp2(tmp_path):

