@@ -93,9 +93,33 @@ def check_chunked_scan(device: str) -> None:
     chunked.SCAN_BACKEND, chunked.SEGMENT_TOKENS = None, 512
 
 
+def check_real_decode(device: str) -> None:
+    """The layers' real-state step (interdomain_decode_step_real) through the kernel: the state
+    is updated in place in the layers' (B, H, R+D, 2M) layout. Grouped (4-dim) queries fall back
+    to the torch step by default."""
+    from idmix.functional import interdomain_decode_step_real
+    from idmix.functional.interdomain.realform import state_to_interleaved
+
+    p = make_problem(B=2, T=3, H=2, R=5, D=7, M=6, dtype=torch.float32)
+    G = readout_gram(p["C"]).to(device)
+    lam, beta = (torch.view_as_real(p[n]).to(device) for n in ("lam", "beta"))
+    Z0 = state_to_interleaved(*p["initial_state"]).to(device)
+    for t in range(3):
+        q, k, v = (p[n][:, t].to(device) for n in ("q", "k", "v"))
+        ref = Z0.clone()
+        o_ref = interdomain_decode_step_real(q, k, v, lam, beta, G, ref, backend="torch")
+        o = interdomain_decode_step_real(q, k, v, lam, beta, G, Z0, backend="triton")
+        assert_rel(o, o_ref, 1e-5, f"real step o t={t}")
+        assert_rel(Z0, ref, 1e-5, f"real step state t={t}")
+    q4 = p["q"][:, 0, :, None].to(device)  # (B, H, 1, R): the default backend takes the torch path
+    o4 = interdomain_decode_step_real(q4, k, v, lam, beta, G, Z0.clone())
+    assert o4.shape == (2, 2, 1, 7)
+
+
 if __name__ == "__main__":
     dev = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     check_decode(dev)
+    check_real_decode(dev)
     check_decode_compiles(dev)
     check_chunked_scan(dev)
     print("kernel checks passed")
