@@ -233,6 +233,32 @@ class PretrainRecipe:
         self.model.train()
         return self._mean_across_ranks(sum(losses) / len(losses))
 
+    def _optimizer_step(self) -> dict:
+        """One step: accumulation, clipping, AdamW, schedule. Returns the step's record."""
+        t0 = time.perf_counter()
+        loss_sum = 0.0
+        for _ in range(self.accum):
+            loss = self._loss(*self.train_stream.next_batch(self.cfg.batch_size)) / self.accum
+            loss.backward()
+            loss_sum += loss.item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad_norm)
+        if isinstance(grad_norm, torch.distributed.tensor.DTensor):
+            grad_norm = grad_norm.full_tensor()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        return {
+            "loss": self._mean_across_ranks(loss_sum),
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "tokens_per_s": self.tokens_per_step / (time.perf_counter() - t0),
+        }
+
+    def _due(self, every: int) -> bool:
+        return bool(every) and self.step % every == 0
+
     def train(self) -> None:
         cfg = self.cfg
         self.model.train()
@@ -240,62 +266,44 @@ class PretrainRecipe:
             total=self.total_steps, initial=self.step, disable=self.rank != 0, unit="step",
             dynamic_ncols=True, file=sys.stdout,
         )  # fmt: skip
-        t_start, tokens_seen = time.perf_counter(), 0
+        t_start, first_step = time.perf_counter(), self.step
         stop_at = self.total_steps
         if cfg.get("steps_this_run"):
             stop_at = min(stop_at, self.step + int(cfg.steps_this_run))
         while self.step < stop_at:
-            t0 = time.perf_counter()
-            loss_sum = 0.0
-            for _ in range(self.accum):
-                loss = self._loss(*self.train_stream.next_batch(cfg.batch_size)) / self.accum
-                loss.backward()
-                loss_sum += loss.item()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
-            if isinstance(grad_norm, torch.distributed.tensor.DTensor):
-                grad_norm = grad_norm.full_tensor()
-            lr = self.optimizer.param_groups[0]["lr"]
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
-            self.step += 1
-            loss_value = self._mean_across_ranks(loss_sum)
-            dt = time.perf_counter() - t0
-            tokens_seen += self.tokens_per_step
-            record = {
-                "loss": loss_value,
-                "lr": lr,
-                "grad_norm": float(grad_norm),
-                "tokens_per_s": self.tokens_per_step / dt,
-            }
-            if cfg.eval_every_n_steps and (
-                self.step % cfg.eval_every_n_steps == 0 or self.step == self.total_steps
+            record = self._optimizer_step()
+            if self._due(cfg.eval_every_n_steps) or (
+                cfg.eval_every_n_steps and self.step == self.total_steps
             ):
                 record["val_loss"] = self.validate()
                 record["val_ppl"] = math.exp(record["val_loss"])
             self.history.append({"step": self.step, **record})
             bar.set_postfix(
-                loss=f"{loss_value:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", lr=f"{lr:.2e}"
+                loss=f"{record['loss']:.3f}",
+                tok_s=f"{record['tokens_per_s']:.0f}",
+                lr=f"{record['lr']:.2e}",
             )
             bar.update(1)
-            if self.step % cfg.log_every_n_steps == 0 or "val_loss" in record:
+            if self._due(cfg.log_every_n_steps) or "val_loss" in record:
                 for logger in self.loggers:
                     logger.log_dict(record, step=self.step)
-            if cfg.save_every_n_steps and self.step % cfg.save_every_n_steps == 0:
+            if self._due(cfg.save_every_n_steps):
                 self.save()
         bar.close()
         self.elapsed = time.perf_counter() - t_start
-        self.tokens_seen = tokens_seen
-        if not cfg.save_every_n_steps or self.step % cfg.save_every_n_steps:
+        self.tokens_seen = (self.step - first_step) * self.tokens_per_step
+        if not self._due(cfg.save_every_n_steps):
             self.save()
+        self._write_results()
+        self.summary()
+
+    def _write_results(self) -> None:
         if self.rank == 0:
             ckpt.atomic_write_json(self.out / "history.json", self.history)
             plot_history(self.history, self.out / "loss_curve.png", Path(self.out).name)
         if self.step == self.total_steps:
-            ckpt.export_model(
-                self.out / "model_final.pt", self.model, OmegaConf.to_container(cfg.model)
-            )
-        self.summary()
+            model_config = OmegaConf.to_container(self.cfg.model)
+            ckpt.export_model(self.out / "model_final.pt", self.model, model_config)
 
     def save(self) -> None:
         extra = {
