@@ -13,32 +13,18 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 from torchtune import config
 
 from idmix import cache_nbytes, generate
-from idmix.training.checkpoint import check_compatible
+from idmix.training.checkpoint import load_exported_model
 
 KEYS = {
     "checkpoint", "tokenizer", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
     "seed", "device", "compile",
 }  # fmt: skip
-
-
-def load_model(path: str, device: str):
-    """The model saved in a single-file checkpoint, in eval mode on device."""
-    if not Path(path).is_file():
-        raise ValueError(f"config: checkpoint: no such file {path!r}")
-    saved = torch.load(path, map_location="cpu", weights_only=False)
-    if "model" not in saved or "model_config" not in saved:
-        raise ValueError(f"config: checkpoint {path!r} is not a model_final.pt export")
-    model = config.instantiate(DictConfig(saved["model_config"]))
-    check_compatible(model, saved["model"], f"checkpoint {path!r}")
-    model.load_state_dict(saved["model"])
-    return model.to(device).eval()
 
 
 @config.parse
@@ -48,7 +34,7 @@ def main(cfg: DictConfig) -> None:
         raise ValueError(f"config: unknown keys {unknown}; known keys: {sorted(KEYS)}")
     if cfg.max_new_tokens < 1:
         raise ValueError(f"config: max_new_tokens: expected >= 1, got {cfg.max_new_tokens}")
-    model = load_model(cfg.checkpoint, cfg.device)
+    model = load_exported_model(cfg.checkpoint, cfg.device)
     tokenizer = config.instantiate(cfg.tokenizer)
     prompt = tokenizer.encode(cfg.prompt, add_bos=False, add_eos=False)
     if not prompt:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .interdomain.validation import check_reset
+
 
 def _powers(lam: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """λ^n for n >= 0 (H, M) x (N,) -> (H, N, M) complex, via exp(n log λ)."""
@@ -35,11 +37,7 @@ def s4d_linear_readout(
     Computes in fp32 (fp64 for fp64 z), whatever the ambient autocast.
     """
     B, T, H, Cz = z.shape
-    if reset is not None and (reset.dtype != torch.bool or tuple(reset.shape) != (B, T)):
-        raise ValueError(
-            f"reset: expected a (B, T) = {(B, T)} bool tensor, got {reset.dtype} "
-            f"{tuple(reset.shape)}"
-        )
+    check_reset(reset, B, T)
     with torch.autocast(z.device.type, enabled=False):
         rdtype = torch.float64 if z.dtype == torch.float64 else torch.float32
         cdtype = torch.complex128 if rdtype == torch.float64 else torch.complex64

@@ -31,6 +31,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from .files import atomic_write
+
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
@@ -41,16 +43,8 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def atomic_torch_save(obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def atomic_write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=1)))
 
 
 def rng_state() -> dict:
@@ -79,10 +73,7 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, extra: dict) -> 
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        pointer = root / "latest"
-        pointer_tmp = root / ".latest.tmp"
-        pointer_tmp.write_text(final.name + "\n")
-        os.replace(pointer_tmp, pointer)
+        atomic_write(root / "latest", lambda tmp: tmp.write_text(final.name + "\n"))
     _barrier()
     return final
 
@@ -119,8 +110,25 @@ def export_model(path: Path, model, model_config: dict) -> None:
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
     if _rank() == 0:
-        atomic_torch_save({"model": sd, "model_config": model_config}, Path(path))
+        obj = {"model": sd, "model_config": model_config}
+        atomic_write(path, lambda tmp: torch.save(obj, tmp))
     _barrier()
+
+
+def load_exported_model(path, device="cpu"):
+    """The model of an :func:`export_model` file, built from its config, in eval mode."""
+    from omegaconf import DictConfig
+    from torchtune import config
+
+    if not Path(path).is_file():
+        raise ValueError(f"config: checkpoint: no such file {str(path)!r}")
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    if "model" not in saved or "model_config" not in saved:
+        raise ValueError(f"config: checkpoint {str(path)!r} is not a model_final.pt export")
+    model = config.instantiate(DictConfig(saved["model_config"]))
+    check_compatible(model, saved["model"], f"checkpoint {str(path)!r}")
+    model.load_state_dict(saved["model"])
+    return model.to(device).eval()
 
 
 def check_compatible(model, state_dict: dict, source: str) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from .files import atomic_write
 
 
 def plot_history(history: list[dict], path: Path, title: str) -> Path:
@@ -26,8 +27,6 @@ def plot_history(history: list[dict], path: Path, title: str) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=120)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120))
     plt.close(fig)
-    os.replace(tmp, path)
     return Path(path)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from .files import atomic_write
+
 EOS = "<|endoftext|>"
 
 
@@ -74,7 +76,6 @@ def shakespeare_bpe(vocab_size: int = 4096, cache_dir: str | None = None) -> BPE
     path = Path(cache_dir or default_cache_dir()) / f"shakespeare-bpe-{vocab_size}-{key}.json"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        train_bpe(texts, vocab_size).save(str(tmp))
-        os.replace(tmp, path)  # atomic: concurrent ranks never read a partial file
+        tokenizer = train_bpe(texts, vocab_size)
+        atomic_write(path, lambda tmp: tokenizer.save(str(tmp)))  # ranks never read a partial file
     return BPETokenizer.from_file(path)
