@@ -20,6 +20,7 @@ from torchtune import config
 
 from idmix import cache_nbytes, generate
 from idmix.training.checkpoint import load_exported_model
+from recipes._common import check_keys
 
 KEYS = {
     "checkpoint", "tokenizer", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
@@ -29,9 +30,7 @@ KEYS = {
 
 @config.parse
 def main(cfg: DictConfig) -> None:
-    unknown = sorted(set(cfg.keys()) - KEYS)
-    if unknown:
-        raise ValueError(f"config: unknown keys {unknown}; known keys: {sorted(KEYS)}")
+    check_keys(cfg, KEYS)
     if cfg.max_new_tokens < 1:
         raise ValueError(f"config: max_new_tokens: expected >= 1, got {cfg.max_new_tokens}")
     model = load_exported_model(cfg.checkpoint, cfg.device)

@@ -1,0 +1,86 @@
+"""Evaluate a checkpoint with lm-evaluation-harness.
+
+    tune run recipes/evaluate.py --config recipes/configs/eval_tiny.yaml [key=value …]
+
+The model is ``idmix.evaluation.lm_eval_model.IdmixLM`` (lm-eval name ``idmix``) on a
+``model_final.pt`` export. Tasks come from lm-eval's registry or from ``include_path`` (the
+offline Shakespeare tasks in ``recipes/eval_tasks``). Writes ``results.json`` (lm-eval's
+output) and ``results.md`` (lm-eval's table, then one headline metric per task and their mean,
+the paper's Table 7 layout) to output_dir.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from lm_eval import simple_evaluate
+from lm_eval.tasks import TaskManager
+from lm_eval.utils import handle_non_serializable, make_table
+from omegaconf import DictConfig, OmegaConf
+from torchtune import config
+
+from idmix.evaluation.lm_eval_model import IdmixLM
+from idmix.evaluation.report import markdown_table, write_text
+from idmix.training.checkpoint import load_exported_model
+from recipes._common import check_keys, fresh_outputs
+
+KEYS = {
+    "checkpoint", "tokenizer", "tasks", "include_path", "num_fewshot", "limit", "batch_size",
+    "max_length", "device", "seed", "output_dir", "overwrite", "headline_metrics",
+}  # fmt: skip
+RESULTS = ("results.json", "results.md")
+
+
+def headline(results: dict, tasks: list[str], metrics: dict) -> list[tuple[str, str, float]]:
+    """(task, metric, value) for each task: metrics[task] if given, else the first of acc,
+    exact_match, word_perplexity that the task reports."""
+    rows = []
+    for task in tasks:
+        found = results.get(task, {})
+        for metric in (metrics.get(task), "acc", "exact_match", "word_perplexity"):
+            key = next((k for k in found if metric and k.split(",")[0] == metric), None)
+            if key is not None:
+                rows.append((task, metric, float(found[key])))
+                break
+    return rows
+
+
+@config.parse
+def main(cfg: DictConfig) -> None:
+    check_keys(cfg, KEYS)
+    if not cfg.tasks:
+        raise ValueError("config: tasks: expected a non-empty list of lm-eval task names")
+    out = fresh_outputs(cfg.output_dir, RESULTS, cfg.overwrite)
+    torch.manual_seed(cfg.seed)
+    model = load_exported_model(cfg.checkpoint, cfg.device)
+    lm = IdmixLM(model, config.instantiate(cfg.tokenizer), cfg.batch_size, cfg.max_length)
+    tasks = list(cfg.tasks)
+    results = simple_evaluate(
+        model=lm,
+        tasks=tasks,
+        num_fewshot=cfg.num_fewshot,
+        limit=cfg.limit,
+        task_manager=TaskManager(include_path=cfg.include_path),
+        log_samples=False,
+        random_seed=cfg.seed,
+        numpy_random_seed=cfg.seed,
+        torch_random_seed=cfg.seed,
+        fewshot_random_seed=cfg.seed,
+    )
+    metrics = OmegaConf.to_container(cfg.headline_metrics) if cfg.headline_metrics else {}
+    rows = headline(results["results"], tasks, metrics)
+    accuracies = [v for _, m, v in rows if m in ("acc", "acc_norm", "exact_match")]
+    if accuracies:
+        rows.append(("mean of accuracies", "", sum(accuracies) / len(accuracies)))
+    table = make_table(results) + "\n" + markdown_table(("task", "metric", "value"), rows)
+    text = json.dumps(results, indent=1, default=handle_non_serializable)
+    write_text(out / "results.json", text)
+    write_text(out / "results.md", table)
+    print(table)
+    print(f"results: {out / 'results.json'}, {out / 'results.md'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
