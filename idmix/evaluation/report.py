@@ -30,7 +30,7 @@ def write_json(path: Path, obj) -> Path:
 
 
 def line_plot(
-    series: dict[str, tuple[Sequence[float], Sequence[float]]],
+    panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
     path: Path,
     *,
     title: str,
@@ -39,24 +39,27 @@ def line_plot(
     logx: bool = False,
     logy: bool = False,
 ) -> Path:
-    """One line per name -> (xs, ys); written atomically as a PNG."""
+    """One subplot per panel title -> {line name -> (xs, ys)}, side by side; written atomically
+    as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for name, (xs, ys) in series.items():
-        ax.plot(xs, ys, "o-", label=name)
-    if logx:
-        ax.set_xscale("log", base=2)
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (panel, series) in zip(axes[0], panels.items(), strict=True):
+        for name, (xs, ys) in series.items():
+            ax.plot(xs, ys, "o-", label=name)
+        if logx:
+            ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(panel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120))
     plt.close(fig)

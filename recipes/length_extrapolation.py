@@ -1,0 +1,77 @@
+"""Validation perplexity against context length for several checkpoints (Table 2's shape).
+
+    tune run recipes/length_extrapolation.py --config recipes/configs/length_extrapolation_tiny.yaml
+
+Scores the same validation tokens at each context length (train_seq_len × multiples) for each
+model; writes length_extrapolation.{md,json,png} to output_dir.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from omegaconf import DictConfig
+from torchtune import config
+from tqdm import tqdm
+
+from idmix.evaluation.extrapolation import perplexity_by_context
+from idmix.evaluation.report import line_plot, markdown_table, write_json, write_text
+from idmix.training.checkpoint import load_exported_model
+from recipes._common import check_keys, fresh_outputs
+
+KEYS = {
+    "checkpoints", "tokenizer", "dataset", "train_seq_len", "multiples", "num_tokens",
+    "batch_size", "device", "output_dir", "overwrite",
+}  # fmt: skip
+NAME = "length_extrapolation"
+RESULTS = (f"{NAME}.md", f"{NAME}.json", f"{NAME}.png")
+
+
+def validation_stream(dataset, tokenizer) -> torch.Tensor:
+    """All documents' tokens, each followed by EOS, as one (N,) tensor."""
+    ids: list[int] = []
+    for text in dataset["text"]:
+        ids += tokenizer.encode(text, add_bos=False, add_eos=True)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+@config.parse
+def main(cfg: DictConfig) -> None:
+    check_keys(cfg, KEYS)
+    if not cfg.checkpoints:
+        raise ValueError("config: checkpoints: expected a mapping name -> model_final.pt path")
+    lengths = [cfg.train_seq_len * m for m in cfg.multiples]
+    out = fresh_outputs(cfg.output_dir, RESULTS, cfg.overwrite)
+    stream = validation_stream(config.instantiate(cfg.dataset), config.instantiate(cfg.tokenizer))
+    ppl = {}
+    for name, path in tqdm(cfg.checkpoints.items(), desc="models"):
+        model = load_exported_model(path, cfg.device)
+        ppl[name] = perplexity_by_context(model, stream, lengths, cfg.num_tokens, cfg.batch_size)
+    header = ["model", *(f"{L} ({m}×)" for L, m in zip(lengths, cfg.multiples, strict=True))]
+    header.append("max/min")
+    rows = [
+        [name, *(p[L] for L in lengths), max(p.values()) / min(p.values())]
+        for name, p in ppl.items()
+    ]
+    table = (
+        f"Validation perplexity by context length (trained at {cfg.train_seq_len}; "
+        f"{cfg.num_tokens:,} tokens scored at each length)\n\n" + markdown_table(header, rows)
+    )
+    write_text(out / f"{NAME}.md", table)
+    write_json(out / f"{NAME}.json", {"lengths": lengths, "perplexity": ppl})
+    line_plot(
+        {"validation": {name: (lengths, [p[L] for L in lengths]) for name, p in ppl.items()}},
+        out / f"{NAME}.png",
+        title=f"Length extrapolation (trained at {cfg.train_seq_len} tokens)",
+        xlabel="evaluation context length (tokens)",
+        ylabel="validation perplexity",
+        logx=True,
+        logy=True,
+    )
+    print(table)
+    print(f"results: {', '.join(str(out / n) for n in RESULTS)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
