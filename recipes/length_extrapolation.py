@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import sys
 
-import torch
 from omegaconf import DictConfig
 from torchtune import config
 from tqdm import tqdm
 
-from idmix.evaluation.extrapolation import perplexity_by_context
+from idmix.evaluation.extrapolation import perplexity_by_context, token_stream
 from idmix.evaluation.report import line_plot, markdown_table, write_json, write_text
 from idmix.training.checkpoint import load_exported_model
 from recipes._common import check_keys, fresh_outputs
@@ -28,14 +27,6 @@ NAME = "length_extrapolation"
 RESULTS = (f"{NAME}.md", f"{NAME}.json", f"{NAME}.png")
 
 
-def validation_stream(dataset, tokenizer) -> torch.Tensor:
-    """All documents' tokens, each followed by EOS, as one (N,) tensor."""
-    ids: list[int] = []
-    for text in dataset["text"]:
-        ids += tokenizer.encode(text, add_bos=False, add_eos=True)
-    return torch.tensor(ids, dtype=torch.long)
-
-
 @config.parse
 def main(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
@@ -43,7 +34,7 @@ def main(cfg: DictConfig) -> None:
         raise ValueError("config: checkpoints: expected a mapping name -> model_final.pt path")
     lengths = [cfg.train_seq_len * m for m in cfg.multiples]
     out = fresh_outputs(cfg.output_dir, RESULTS, cfg.overwrite)
-    stream = validation_stream(config.instantiate(cfg.dataset), config.instantiate(cfg.tokenizer))
+    stream = token_stream(config.instantiate(cfg.dataset), config.instantiate(cfg.tokenizer))
     ppl = {}
     for name, path in tqdm(cfg.checkpoints.items(), desc="models"):
         model = load_exported_model(path, cfg.device)

@@ -11,6 +11,14 @@ import torch
 from .scoring import sequence_nll
 
 
+def token_stream(dataset, tokenizer) -> torch.Tensor:
+    """All documents' tokens (dataset["text"]), each followed by EOS, as one (N,) tensor."""
+    ids: list[int] = []
+    for text in dataset["text"]:
+        ids += tokenizer.encode(text, add_bos=False, add_eos=True)
+    return torch.tensor(ids, dtype=torch.long)
+
+
 def perplexity_by_context(
     model,
     stream: torch.Tensor,

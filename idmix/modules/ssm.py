@@ -50,9 +50,14 @@ class S4DCore(nn.Module):
 
     def _memoised(self, name: str, compute):
         """compute() under fp32 (autocast off), memoised per name while no gradient is recorded
-        and the weights are unchanged (a decode loop computes it once, not once per token)."""
-        memo = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-        key = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        and the weights are unchanged (a decode loop computes it once, not once per token);
+        never memoised while compiling or exporting."""
+        memo = not (
+            torch.is_grad_enabled()
+            or torch.compiler.is_compiling()
+            or torch.compiler.is_exporting()  # traced weights have no data pointer
+        )
+        key = tuple((p.data_ptr(), p._version) for p in self.parameters()) if memo else None
         if memo and name in self._memo and self._memo[name][0] == key:
             return self._memo[name][1]
         with torch.autocast(self.C_re.device.type, enabled=False):

@@ -1,0 +1,136 @@
+"""Deployment: torchao int8 quantisation of the linear layers and ``torch.export`` programs for
+prefill and for the one-token decode step, with the decoding state as explicit inputs and
+outputs (no hidden mutable state in a deployed program).
+
+    prefill(tokens (B, P), input_pos (B, P), mask (B, P, S)) -> (logits (B, V), *state)
+    decode(token (B, 1), input_pos (B, 1), mask (B, 1, S), *state) -> (logits (B, V), *state)
+
+``state`` is every layer's cache tensors in a fixed order (``cache_tensors``): constant-size
+for Interdomain and S4D-only; a KV cache of S positions for softmax.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+QUANT_MODES = ("int8_weight_only", "int8_dynamic")
+
+
+def quantize_linears(model: nn.Module, mode: str) -> nn.Module:
+    """A copy of model whose nn.Linear weights are torchao int8 (``version=2`` configs):
+    int8_weight_only or int8_dynamic (int8 activations, per token, and int8 weights). Embeddings,
+    norms and the SSM parameters (Δ, A, C, mode weights) stay as they are (fp32)."""
+    from torchao.quantization import (
+        Int8DynamicActivationInt8WeightConfig,
+        Int8WeightOnlyConfig,
+        quantize_,
+    )
+
+    configs = {
+        "int8_weight_only": lambda: Int8WeightOnlyConfig(version=2),
+        "int8_dynamic": lambda: Int8DynamicActivationInt8WeightConfig(version=2),
+    }
+    if mode not in configs:
+        raise ValueError(f"mode: expected one of {QUANT_MODES}, got {mode!r}")
+    quantized = copy.deepcopy(model)
+    quantize_(quantized, configs[mode](), filter_fn=lambda m, _: isinstance(m, nn.Linear))
+    return quantized
+
+
+def cache_tensors(model) -> list[torch.Tensor]:
+    """Every layer's cache tensors, layer by layer, fields in declaration order."""
+    return [t for layer in model.layers for t in _fields(layer.attn.kv_cache).values()]
+
+
+def _fields(cache) -> dict[str, torch.Tensor]:
+    return {k: getattr(cache, k) for k in cache.to_tensordict().keys()}
+
+
+def _load_state(model, tensors) -> None:
+    """Point the caches at clones of tensors (the program's inputs are never mutated)."""
+    it = iter(tensors)
+    for layer in model.layers:
+        cache = layer.attn.kv_cache
+        for name in _fields(cache):
+            setattr(cache, name, next(it).clone())
+
+
+class _Program(nn.Module):
+    """The model with its caches set up for batch_size rows and max_seq_len positions."""
+
+    def __init__(self, model, batch_size: int, max_seq_len: int):
+        super().__init__()
+        self.model = model
+        dtype = next(model.parameters()).dtype
+        model.setup_caches(batch_size=batch_size, dtype=dtype, decoder_max_seq_len=max_seq_len)
+
+    def empty_state(self) -> list[torch.Tensor]:
+        return [torch.zeros_like(t) for t in cache_tensors(self.model)]
+
+    def _run(self, tokens, input_pos, mask, state):
+        _load_state(self.model, state)
+        logits = self.model(tokens, input_pos=input_pos, mask=mask)[:, -1].float()
+        return (logits, *cache_tensors(self.model))
+
+
+class Prefill(_Program):
+    def forward(self, tokens, input_pos, mask):
+        return self._run(tokens, input_pos, mask, self.empty_state())
+
+
+class Decode(_Program):
+    def forward(self, token, input_pos, mask, *state):
+        return self._run(token, input_pos, mask, state)
+
+
+def export_programs(
+    model, batch_size: int, prompt_len: int, max_seq_len: int
+) -> tuple[torch.export.ExportedProgram, torch.export.ExportedProgram]:
+    """(prefill for prompts of prompt_len tokens, decode step) as exported programs; both for
+    batch_size rows and masks over max_seq_len positions."""
+    model = model.eval()
+    prefill = Prefill(model, batch_size, max_seq_len)
+    tokens = torch.zeros(batch_size, prompt_len, dtype=torch.long)
+    pos = torch.arange(prompt_len).expand(batch_size, -1)
+    mask = causal_mask(batch_size, max_seq_len)
+    with torch.no_grad():
+        prefill_ep = torch.export.export(prefill, (tokens, pos, mask[:, :prompt_len]))
+        decode = Decode(model, batch_size, max_seq_len)
+        state = decode.empty_state()
+        step = (tokens[:, :1], pos[:, :1], mask[:, prompt_len : prompt_len + 1], *state)
+        decode_ep = torch.export.export(decode, step)
+    for layer in model.layers:
+        layer.attn.kv_cache, layer.attn.cache_enabled = None, False
+    return prefill_ep, decode_ep
+
+
+def causal_mask(batch_size: int, max_seq_len: int) -> torch.Tensor:
+    """(B, S, S) bool, row t sees positions ≤ t."""
+    causal = torch.ones(max_seq_len, max_seq_len, dtype=torch.bool).tril()
+    return causal.expand(batch_size, -1, -1)
+
+
+@torch.no_grad()
+def greedy_with_programs(
+    prefill, decode, prompt: torch.Tensor, max_new_tokens: int, max_seq_len: int
+):
+    """prompt (B, P) -> new tokens (B, max_new_tokens), greedy, through exported programs' (or
+    the Prefill/Decode modules') call convention."""
+    B, P = prompt.shape
+    if P + max_new_tokens > max_seq_len:
+        raise ValueError(f"max_new_tokens: prompt + new tokens exceed max_seq_len={max_seq_len}")
+    mask = causal_mask(B, max_seq_len)
+    pos = torch.arange(P).expand(B, -1)
+    logits, *state = prefill(prompt, pos, mask[:, :P])
+    out = []
+    for i in range(max_new_tokens):
+        nxt = logits.argmax(-1, keepdim=True)
+        out.append(nxt)
+        if i == max_new_tokens - 1:
+            break
+        t = P + i
+        logits, *state = decode(nxt, torch.full((B, 1), t), mask[:, t : t + 1], *state)
+    return torch.cat(out, 1)
