@@ -6,8 +6,8 @@ torch.export, save, reload and measure.
 For fp32 and each mode (int8_weight_only, int8_dynamic): weight bytes, validation perplexity
 (and its change against fp32), greedy decode tokens/s (prompt included) of the eager model
 (``idmix.generate``) and of the reloaded exported programs, and whether the reloaded programs
-reproduce the quantised eager model's greedy tokens. Writes {mode}_prefill.pt2, {mode}_decode.pt2 and quantize_report.{md,json} to
-output_dir.
+reproduce the quantised eager model's greedy tokens. Writes {mode}_prefill.pt2,
+{mode}_decode.pt2 and quantize_report.{md,json} to output_dir.
 """
 
 from __future__ import annotations
