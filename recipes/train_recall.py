@@ -2,8 +2,8 @@
 
     tune run recipes/train_recall.py --config recipes/configs/recall_tiny.yaml
 
-Training cycles through MQAR, phonebook and passkey batches at seq_len (one task per step, a
-random size).
+Training cycles through train_tasks (MQAR, phonebook, passkey) at seq_len, one task per step
+at a random size.
 Evaluation (exact match, teacher-forced argmax ⇔ greedy): MQAR by number of pairs, phonebook
 by list size, passkey by context length (beyond seq_len: extrapolation). Writes
 recall.{md,json,png} to output_dir.
@@ -27,7 +27,7 @@ from idmix.training.optim import param_groups, warmup_cosine
 from recipes._common import check_keys, fresh_outputs
 
 KEYS = {
-    "model", "mixers", "seq_len", "batch_size", "steps", "lr", "warmup_steps", "weight_decay",
+    "model", "mixers", "train_tasks", "seq_len", "batch_size", "steps", "lr", "warmup_steps", "weight_decay",
     "ssm_lr_cap", "train_mqar_pairs", "train_phonebook_entries", "eval_mqar_pairs",
     "eval_phonebook_entries", "eval_passkey_lengths", "eval_examples", "seed", "device",
     "output_dir", "overwrite",
@@ -64,7 +64,7 @@ def train(model, cfg, g: torch.Generator, pick: random.Random, desc: str) -> flo
     losses, t0 = [], time.perf_counter()
     bar = tqdm(range(cfg.steps), desc=desc)
     for step in bar:
-        task = recall.TASKS[step % len(recall.TASKS)]
+        task = cfg.train_tasks[step % len(cfg.train_tasks)]
         lo, hi = sizes.get(task, (0, 0))
         batch = recall.make_batch(task, cfg.batch_size, cfg.seq_len, pick.randint(lo, hi), g)
         logits = model(batch.inputs.to(cfg.device))
@@ -96,6 +96,8 @@ def evaluate(model, cfg, g: torch.Generator) -> dict[str, dict[int, float]]:
 @config.parse
 def main(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
+    if not cfg.train_tasks or set(cfg.train_tasks) - set(recall.TASKS):
+        raise ValueError(f"config: train_tasks: expected a list from {recall.TASKS}")
     out = fresh_outputs(cfg.output_dir, RESULTS, cfg.overwrite)
     results = {}
     for mixer in cfg.mixers:

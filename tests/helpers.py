@@ -99,3 +99,24 @@ class PoisonEmpty(TorchDispatchMode):
             out.fill_(float("nan"))
             self.poisoned += 1
         return out
+
+
+TINY = dict(vocab_size=4096, num_layers=1, num_heads=2, embed_dim=32, max_seq_len=512)
+
+
+def tiny_model(mixer: str = "interdomain", seed: int = 0, **overrides):
+    """A one-block decoder over the embedded corpus's 4096-token vocabulary, in eval mode."""
+    from idmix.models import decoder
+
+    kw = {**TINY, "mixer": mixer, **overrides}
+    if mixer != "softmax":
+        kw.setdefault("num_modes", 4)
+    torch.manual_seed(seed)
+    return decoder(**kw).eval(), {"_component_": "idmix.models.decoder", **kw}
+
+
+def save_tiny_export(path, mixer: str = "interdomain", seed: int = 0, **overrides):
+    """A model_final.pt export (state dict + config) of tiny_model; returns the model."""
+    model, config = tiny_model(mixer, seed, **overrides)
+    torch.save({"model": model.state_dict(), "model_config": config}, path)
+    return model

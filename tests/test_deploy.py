@@ -1,0 +1,71 @@
+"""Deployment: int8 linears keep the SSM parameters fp32 and stay close to fp32; exported
+prefill/decode programs (saved and reloaded) decode exactly like idmix.generate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from idmix import generate
+from idmix.evaluation.deploy import (
+    cache_tensors,
+    export_programs,
+    greedy_with_programs,
+    quantize_linears,
+)
+from tests.helpers import tiny_model
+
+
+def reload(program, path):
+    torch.export.save(program, path)
+    return torch.export.load(path).module()
+
+
+@pytest.mark.parametrize("mixer", ["interdomain", "s4d", "softmax"])
+def test_exported_programs_decode_like_generate(mixer, tmp_path):
+    model, _ = tiny_model(mixer)
+    prompt = torch.randint(0, 4096, (2, 11))
+    ref = torch.tensor(generate(model, prompt.tolist(), 9, temperature=0))
+    prefill, decode = export_programs(model, batch_size=2, prompt_len=11, max_seq_len=24)
+    prefill, decode = reload(prefill, tmp_path / "p.pt2"), reload(decode, tmp_path / "d.pt2")
+    assert torch.equal(greedy_with_programs(prefill, decode, prompt, 9, 24), ref)
+    if mixer != "softmax":  # the SSM mixers' state does not grow with max_seq_len
+        sizes = {S: sum(t.numel() for t in cache_tensors(_setup(model, S))) for S in (24, 4096)}
+        assert sizes[24] == sizes[4096]
+
+
+def _setup(model, S):
+    model.setup_caches(batch_size=1, dtype=torch.float32, decoder_max_seq_len=S)
+    return model
+
+
+@pytest.mark.parametrize("mode", ["int8_weight_only", "int8_dynamic"])
+def test_int8_linears_only_and_the_reloaded_export_matches_eager(mode, tmp_path):
+    from torchao.quantization import Int8Tensor
+
+    model, _ = tiny_model()
+    q = quantize_linears(model, mode)
+    for name, module in q.named_modules():
+        if isinstance(module, nn.Linear):
+            assert isinstance(module.weight, Int8Tensor), name
+    for (name, p), (_, p0) in zip(q.named_parameters(), model.named_parameters(), strict=True):
+        if ".ssm." in name or "mode_weights" in name:
+            assert p.dtype == torch.float32 and torch.equal(p, p0), name
+    assert isinstance(model.output.weight, nn.Parameter)  # the original is untouched
+    x = torch.randint(0, 4096, (2, 40))
+    ref, got = model(x), q(x)
+    assert (got - ref).norm() / ref.norm() < 0.05
+    prompt = x[:, :8]
+    eager = torch.tensor(generate(q, prompt.tolist(), 6, temperature=0))
+    prefill, decode = export_programs(q, batch_size=2, prompt_len=8, max_seq_len=16)
+    prefill, decode = reload(prefill, tmp_path / "p.pt2"), reload(decode, tmp_path / "d.pt2")
+    assert torch.equal(greedy_with_programs(prefill, decode, prompt, 6, 16), eager)
+
+
+def test_bad_mode_and_length_are_named():
+    model, _ = tiny_model()
+    with pytest.raises(ValueError, match="mode: expected one of"):
+        quantize_linears(model, "int4")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        greedy_with_programs(None, None, torch.zeros(1, 10, dtype=torch.long), 10, 16)

@@ -1,0 +1,119 @@
+"""`tune run` of the evaluation and deployment recipes on tiny exports: each writes its table,
+JSON and plot (or programs), and never replaces a finished result without overwrite=True."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import save_tiny_export
+
+ROOT = Path(__file__).resolve().parent.parent
+TUNE = str(Path(sys.executable).with_name("tune"))
+
+
+def tune_run(recipe, config, *overrides):
+    cmd = [TUNE, "run", f"recipes/{recipe}.py", "--config", f"recipes/configs/{config}.yaml"]
+    out = subprocess.run([*cmd, *overrides], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return out
+
+
+def ok(out):
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return out.stdout
+
+
+def test_evaluate_recipe_and_no_silent_overwrite(tmp_path):
+    path = tmp_path / "model_final.pt"
+    save_tiny_export(path)
+    args = (f"checkpoint={path}", "limit=2", f"output_dir={tmp_path / 'eval'}")
+    stdout = ok(tune_run("evaluate", "eval_tiny", *args))
+    assert "shakespeare_next_line" in stdout and "mean of accuracies" in stdout
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert set(results) >= {"shakespeare_next_line", "shakespeare_scenes"}
+    before = (tmp_path / "eval" / "results.md").read_bytes()
+    again = tune_run("evaluate", "eval_tiny", *args)
+    assert again.returncode != 0 and "overwrite=True" in again.stderr
+    assert (tmp_path / "eval" / "results.md").read_bytes() == before
+
+
+def test_length_extrapolation_recipe(tmp_path):
+    paths = {}
+    for mixer in ("interdomain", "softmax", "s4d"):
+        paths[mixer] = tmp_path / f"{mixer}.pt"
+        save_tiny_export(paths[mixer], mixer)
+    out_dir = tmp_path / "extrapolation"
+    stdout = ok(
+        tune_run(
+            "length_extrapolation",
+            "length_extrapolation_tiny",
+            *(f"checkpoints.{m}={p}" for m, p in paths.items()),
+            "train_seq_len=16",
+            "multiples=[1,2,8]",
+            "num_tokens=256",
+            f"output_dir={out_dir}",
+        )
+    )
+    assert "| 16 (1×) | 32 (2×) | 128 (8×) |" in stdout
+    ppl = json.loads((out_dir / "length_extrapolation.json").read_text())["perplexity"]
+    assert set(ppl) == set(paths) and all(len(p) == 3 for p in ppl.values())
+    assert (out_dir / "length_extrapolation.png").stat().st_size > 10_000
+
+
+def test_train_recall_recipe(tmp_path):
+    out_dir = tmp_path / "recall"
+    stdout = ok(
+        tune_run(
+            "train_recall",
+            "recall_tiny",
+            "model.embed_dim=32",
+            "model.num_heads=2",
+            "model.num_layers=1",
+            "model.num_modes=4",
+            "mixers=[interdomain,softmax]",
+            "seq_len=64",
+            "batch_size=2",
+            "steps=3",
+            "warmup_steps=1",
+            "train_mqar_pairs=[2,8]",
+            "train_phonebook_entries=[2,4]",
+            "eval_mqar_pairs=[4,8]",
+            "eval_phonebook_entries=[4,16]",
+            "eval_passkey_lengths=[32,128]",
+            "eval_examples=4",
+            f"output_dir={out_dir}",
+        )
+    )
+    assert "MQAR (pairs)" in stdout and "passkey (context length)" in stdout
+    results = json.loads((out_dir / "recall.json").read_text())
+    assert set(results) == {"interdomain", "softmax"}
+    assert set(results["softmax"]["phonebook"]) == {"4", "16"}
+    assert (out_dir / "recall.png").stat().st_size > 10_000
+
+
+def test_quantize_recipe(tmp_path):
+    path = tmp_path / "model_final.pt"
+    save_tiny_export(path)
+    out_dir = tmp_path / "quantized"
+    stdout = ok(
+        tune_run(
+            "quantize_interdomain",
+            "quantize_tiny",
+            f"checkpoint={path}",
+            "seq_len=64",
+            "eval_tokens=256",
+            "prompt_len=8",
+            "new_tokens=8",
+            f"output_dir={out_dir}",
+        )
+    )
+    assert "int8_weight_only" in stdout and "int8_dynamic" in stdout
+    report = json.loads((out_dir / "quantize_report.json").read_text())
+    for mode in ("int8_weight_only", "int8_dynamic"):
+        assert report[mode]["reload_matches_eager"] is True
+        assert report[mode]["size_ratio"] > 1.2
+        assert (out_dir / f"{mode}_decode.pt2").is_file()
+    bad = tune_run("quantize_interdomain", "quantize_tiny", f"checkpoint={path}", "modes=[int4]")
+    assert bad.returncode != 0 and "modes: expected a list from" in bad.stderr
