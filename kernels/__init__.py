@@ -5,7 +5,8 @@ used. Importing it needs triton. On CPU the kernels run only under the Triton in
 set ``TRITON_INTERPRET=1`` before this package is imported.
 """
 
+from .chunk_intra import intra_chunk_pass1, intra_chunk_pass2
 from .chunk_scan import chunk_scan
 from .decode_step import decode_step_triton
 
-__all__ = ["chunk_scan", "decode_step_triton"]
+__all__ = ["chunk_scan", "decode_step_triton", "intra_chunk_pass1", "intra_chunk_pass2"]

@@ -67,30 +67,95 @@ def check_decode_compiles(device: str) -> None:
     assert_rel(s2[0], s1[0], 1e-6, "compiled state")
 
 
-def check_chunked_scan(device: str) -> None:
-    """The chunked op with the Triton state pass equals it with the PyTorch loop: outputs, final
-    states and every gradient, with sequence resets and several segments."""
+CHUNKED_CASES = [
+    # (B, T, H, R, D, M, chunk, dt_range, resets {row: starts}, readout, dtype)
+    (2, 75, 2, 3, 5, 4, 8, (1e-3, 1e-1), {0: [0, 20, 33, 34]}, "conj", torch.float32),
+    (1, 1, 1, 1, 3, 1, 8, (1e-3, 1e-1), {}, "product", torch.float32),
+    (2, 37, 1, 6, 2, 5, 16, (1.0, 10.0), {1: [5, 36]}, "conj", torch.float16),
+    (1, 130, 2, 4, 4, 3, 32, (1e-3, 1e-1), {0: [64, 65, 129]}, "product", torch.float32),
+]
+
+
+def run_chunked(p, device, backend, reset, readout, chunk):
+    """Outputs, final states and every gradient of the chunked op on one backend (fp32
+    leaves; the inputs are rounded to the case's dtype first)."""
+    from idmix.functional import interdomain_attention
+
+    leaves = [p[n].to(device).requires_grad_() for n in ("q", "k", "v", "lam", "beta", "C")]
+    init = tuple(s.to(device).requires_grad_() for s in p["initial_state"])
+    o, (xk, xv) = interdomain_attention(
+        *leaves,
+        initial_state=init,
+        reset=reset,
+        readout=readout,
+        return_final_state=True,
+        chunk_size=chunk,
+        backend=backend,
+    )
+    g = torch.Generator().manual_seed(0)
+    loss = (o * torch.randn(o.shape, generator=g).to(device)).sum() + (xk.abs() ** 2).sum()
+    return [o, xk, xv, *torch.autograd.grad(loss, [*leaves, *init])]
+
+
+def check_chunked(device: str) -> None:
+    """The chunked op on the Triton kernels (inter-chunk scan and both intra-chunk passes)
+    equals it on PyTorch and the per-step reference: outputs, final states and every gradient;
+    ragged T, T = 1, odd dims, sequence starts (a length-1 sequence too), large Δ, fp16 inputs,
+    both readouts, several segments."""
     from idmix.functional import interdomain_attention
     from idmix.functional.interdomain import chunked
 
-    p = make_problem(B=2, T=75, H=2, R=3, D=5, M=4, dtype=torch.float32)
-    reset = torch.zeros(2, 75, dtype=torch.bool, device=device)
-    reset[0, [0, 20, 33]] = True
     chunked.SEGMENT_TOKENS = 32
-    results = {}
-    for backend in ("torch", "triton"):
-        chunked.SCAN_BACKEND = backend
-        leaves = [p[n].to(device).requires_grad_() for n in ("q", "k", "v", "lam", "beta", "C")]
-        init = tuple(s.to(device).requires_grad_() for s in p["initial_state"])
-        o, (xk, xv) = interdomain_attention(
-            *leaves, initial_state=init, reset=reset, return_final_state=True, chunk_size=8
-        )
-        g = torch.Generator().manual_seed(0)
-        loss = (o * torch.randn(o.shape, generator=g).to(device)).sum() + (xk.abs() ** 2).sum()
-        results[backend] = [o, xk, xv, *torch.autograd.grad(loss, [*leaves, *init])]
-    for i, (a, b) in enumerate(zip(results["triton"], results["torch"], strict=True)):
-        assert_rel(a, b, 1e-5, f"chunked with triton scan, tensor {i}")
-    chunked.SCAN_BACKEND, chunked.SEGMENT_TOKENS = None, 512
+    try:
+        for B, T, H, R, D, M, L, dt, starts, readout, dtype in CHUNKED_CASES:
+            p = make_problem(B=B, T=T, H=H, R=R, D=D, M=M, dtype=torch.float32, dt_range=dt)
+            for n in ("q", "k", "v"):
+                p[n] = p[n].to(dtype).float()
+            reset = torch.zeros(B, T, dtype=torch.bool, device=device)
+            for row, pos in starts.items():
+                reset[row, pos] = True
+            case = f"{(B, T, H, R, D, M, L, dt, readout, dtype)}"
+            tri = run_chunked(p, device, "triton", reset, readout, L)
+            ref = run_chunked(p, device, "torch", reset, readout, L)
+            for i, (a, b) in enumerate(zip(tri, ref, strict=True)):
+                assert_rel(a, b, 1e-5, f"triton vs torch {case} tensor {i}")
+            naive = interdomain_attention(
+                *(p[n].to(device) for n in ("q", "k", "v", "lam", "beta", "C")),
+                initial_state=tuple(s.to(device) for s in p["initial_state"]),
+                reset=reset,
+                readout=readout,
+                impl="naive",
+            )
+            assert_rel(tri[0], naive, 1e-4, f"triton vs naive {case}")
+    finally:
+        chunked.SEGMENT_TOKENS = 512
+
+
+def check_intra_passes_alone(device: str) -> None:
+    """Each pass on its own equals the PyTorch segment code's intermediates (p and o)."""
+    from idmix_kernels import intra_chunk_pass1, intra_chunk_pass2
+
+    from idmix.functional.interdomain import chunked
+    from idmix.functional.interdomain.decays import chunk_decays
+
+    B, H, N, L, R, D, M = 2, 3, 2, 8, 5, 3, 4
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(B, H, N, L, R, generator=g).to(device)
+    zT = torch.randn(B, H, N, R + D, L, generator=g).to(device)
+    Z0 = torch.randn(B, H, R + D, 2 * M, generator=g).to(device)
+    p = make_problem(H=H, M=M, dtype=torch.float32)
+    lam, beta = (torch.view_as_real(p[n]).to(device) for n in ("lam", "beta"))
+    dec = chunk_decays(lam, beta, L)
+    G = torch.randn(H, 2 * M, 2 * M, generator=g).to(device)
+    reset = torch.rand(B, N, L, generator=g).to(device) < 0.2
+    for masks in (None, chunked._DocMasks(reset, torch.float32)):
+        _, _, f = chunked._segment_forward(q, zT, dec, G, Z0, masks, keep=True)
+        o_ref, _, _ = chunked._segment_forward(q, zT, dec, G, Z0, masks)
+        r = None if masks is None else reset
+        p1 = intra_chunk_pass1(q, zT, f.starts, dec.start, dec.end, r)
+        assert_rel(p1, f.p, 1e-5, f"pass 1 (reset={r is not None})")
+        o = intra_chunk_pass2(f.w, zT, f.starts, dec.start, dec.end, R, r)
+        assert_rel(o, o_ref, 1e-5, f"pass 2 (reset={r is not None})")
 
 
 def check_real_decode(device: str) -> None:
@@ -121,5 +186,6 @@ if __name__ == "__main__":
     check_decode(dev)
     check_real_decode(dev)
     check_decode_compiles(dev)
-    check_chunked_scan(dev)
+    check_intra_passes_alone(dev)
+    check_chunked(dev)
     print("kernel checks passed")

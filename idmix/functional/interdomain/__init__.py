@@ -12,6 +12,7 @@ from .naive import interdomain_attention_naive
 from .realform import blocked_to_interleaved, interleaved_to_state, state_to_interleaved
 from .validation import (
     State,
+    check_backend,
     check_chunk_size,
     check_inputs,
     check_qkv,
@@ -29,7 +30,7 @@ def _compute_dtype(q: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
     return torch.float32, torch.complex64
 
 
-def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset):
+def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset, backend):
     R = q.shape[-1]
     _, cdtype = _compute_dtype(q)
     Z0 = None
@@ -45,11 +46,12 @@ def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset):
         Z0,
         chunk_size,
         reset,
+        backend,
     )
     return o, interleaved_to_state(Z, R)
 
 
-def _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset):
+def _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, backend):
     B, T, H, R = q.shape
     D, M = v.shape[-1], lam_ri.shape[1]
     rdtype, _ = _compute_dtype(q)
@@ -57,7 +59,7 @@ def _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset):
     Z0 = q_.new_zeros(B, H, R + D, 2 * M) if Z0 is None else Z0.to(rdtype)
     decays = chunk_decay_inputs(lam_ri.to(rdtype), beta_ri.to(rdtype), T, chunk_size)
     G = blocked_to_interleaved(G_hat.to(rdtype))
-    o, Z, _ = chunked_forward(q_, k_, v_, list(decays), G, Z0, reset, chunk_size)
+    o, Z, _ = chunked_forward(q_, k_, v_, list(decays), G, Z0, reset, chunk_size, backend)
     return o.to(q.dtype), Z
 
 
@@ -72,6 +74,7 @@ def interdomain_attention_real(
     *,
     chunk_size: int = 64,
     reset: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunked op on real-form parameters and state, with no complex tensor anywhere: the
     entry point the layers use, so that Inductor (which has no complex codegen) compiles them.
@@ -79,7 +82,8 @@ def interdomain_attention_real(
     q, k: (B, T, H, R); v: (B, T, H, D); lam_ri, beta_ri: (H, M, 2) [re, im]
     (``discretize_real``); G_hat: (H, 2M, 2M) blocked (``readout_gram_real``);
     initial_state: (B, H, R+D, 2M) interleaved real state (rows: the R key then the D value
-    channels; columns: re₀, im₀, re₁, …), zeros if None; reset as in ``interdomain_attention``.
+    channels; columns: re₀, im₀, re₁, …), zeros if None; reset and backend as in
+    ``interdomain_attention``.
     Returns (o: (B, T, H, D) in q's dtype, final state: (B, H, R+D, 2M) fp32 (fp64)).
     """
     B, T, H, R, D = check_qkv(q, k, v)
@@ -91,8 +95,11 @@ def interdomain_attention_real(
         )
     check_chunk_size(chunk_size)
     check_reset(reset, B, T)
+    check_backend(backend)
     with torch.autocast(q.device.type, enabled=False):
-        return _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, initial_state, chunk_size, reset)
+        return _chunked_real(
+            q, k, v, lam_ri, beta_ri, G_hat, initial_state, chunk_size, reset, backend
+        )
 
 
 def _recurrent(q, k, v, lam, beta, C, readout, initial_state, reset):
@@ -128,6 +135,7 @@ def interdomain_attention(
     chunk_size: int = 64,
     impl: str = "chunked",
     reset: torch.Tensor | None = None,
+    backend: str = "auto",
 ):
     """Interdomain Attention core (DESIGN.md §1 steps 6–7) over a whole sequence.
 
@@ -148,16 +156,21 @@ def interdomain_attention(
     """
     check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size)
     check_reset(reset, *q.shape[:2])
+    check_backend(backend)
     # The SSM runs in fp32 (fp64) whatever the ambient autocast: states and accumulators of a
     # long recurrence do not survive bf16. Inputs are upcast here and o is cast back.
     with torch.autocast(q.device.type, enabled=False):
-        o, state = _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset)
+        o, state = _dispatch(
+            q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend
+        )
     return (o, state) if return_final_state else o
 
 
-def _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset):
+def _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend):
     if impl == "chunked":
-        o, state = _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset)
+        o, state = _chunked(
+            q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset, backend
+        )
     elif impl == "naive":
         _, cdtype = _compute_dtype(q)
         o, state = interdomain_attention_naive(

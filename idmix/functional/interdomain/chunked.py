@@ -22,24 +22,26 @@ import torch
 from .decays import ChunkDecays, chunk_decays
 
 SEGMENT_TOKENS = 512
-# Inter-chunk state pass: "torch" (a loop of N complex multiply-adds), "triton" (one kernel,
-# idmix_kernels.chunk_scan), or None: triton for complex64 CUDA tensors when it is installed.
-SCAN_BACKEND: str | None = None
+BACKENDS = ("auto", "torch", "triton")
 
 
-def _scan_kernel(x: torch.Tensor):
-    """idmix_kernels.chunk_scan when the scan should run in Triton for x, else None."""
-    if SCAN_BACKEND == "torch" or (SCAN_BACKEND is None and not x.is_cuda):
+def _kernels(x: torch.Tensor, backend: str):
+    """The idmix_kernels module when the Triton kernels should run for x, else None.
+    "auto": fp32 CUDA tensors with triton installed; "torch": never; "triton": always (CPU
+    only under TRITON_INTERPRET=1). The kernels compute in fp32: fp64 stays on torch."""
+    if backend == "torch" or (backend == "auto" and not x.is_cuda):
         return None
-    if x.dtype != torch.complex64:
+    if x.dtype != torch.float32:
+        if backend == "triton":
+            raise ValueError(f"backend='triton': the kernels take fp32 (and lower), got {x.dtype}")
         return None
     try:
-        from idmix_kernels import chunk_scan
+        import idmix_kernels
     except ImportError:
-        if SCAN_BACKEND == "triton":
+        if backend == "triton":
             raise
         return None
-    return chunk_scan
+    return idmix_kernels
 
 
 def _c(x: torch.Tensor) -> torch.Tensor:
@@ -89,6 +91,7 @@ class _DocMasks:
     """
 
     def __init__(self, reset: torch.Tensor, dtype):
+        self.reset = reset
         d = reset.long().cumsum(-1)  # starts so far within the chunk, (B, N, L)
         self.same = (d[..., :, None] == d[..., None, :]).to(dtype)[:, None]
         self.valid = (d == 0).to(dtype)[:, None, ..., None]
@@ -101,15 +104,14 @@ def _carry(c, masks, j):
     return c if masks is None else c * masks.carry[:, j, None, None, None]
 
 
-def _scan(inc, Z0, c, masks=None):
+def _scan(inc, Z0, c, masks=None, kernels=None):
     """Linear recurrence over chunks, complex: S_0 = Z0, S_{j+1} = c ⊙ S_j + inc_j.
 
     inc: (B, H, N, C, M); Z0: (B, H, C, M); c: (H, M).
     Returns (starts: (B, H, N, C, M) = S_0..S_{N-1}, contiguous; S_N: (B, H, C, M)).
     """
-    kernel = _scan_kernel(inc)
-    if kernel is not None:
-        return kernel(inc, Z0, c, None if masks is None else masks.carry)
+    if kernels is not None:
+        return kernels.chunk_scan(inc, Z0, c, None if masks is None else masks.carry)
     starts = torch.empty_like(inc)
     starts[:, :, 0] = Z0
     c = c[:, None, :]
@@ -119,14 +121,14 @@ def _scan(inc, Z0, c, masks=None):
     return starts, torch.addcmul(inc[:, :, N - 1], _carry(c, masks, N - 1), starts[:, :, N - 1])
 
 
-def _scan_adjoint(g_S, g_end, c, masks=None):
+def _scan_adjoint(g_S, g_end, c, masks=None, kernels=None):
     """Adjoint of :func:`_scan`: G_N = g_end, G_j = g_S_j + conj(c) ⊙ G_{j+1}.
 
     Returns (G_1..G_N: (B, H, N, C, M), the gradients of the increments; G_0 = grad of Z0).
     """
-    kernel = _scan_kernel(g_S)
-    if kernel is not None:
-        return kernel(g_S, g_end, c, None if masks is None else masks.carry, reverse=True)
+    if kernels is not None:
+        carry = None if masks is None else masks.carry
+        return kernels.chunk_scan(g_S, g_end, c, carry, reverse=True)
     g_inc = torch.empty_like(g_S)
     N = g_S.shape[2]
     g_inc[:, :, N - 1] = g_end
@@ -156,19 +158,28 @@ def _bmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tenso
     return out.view(acc.shape)
 
 
-def _segment_forward(q, zT, dec: ChunkDecays, G_hat, Z0, masks=None, keep: bool = False):
+def _segment_forward(
+    q, zT, dec: ChunkDecays, G_hat, Z0, masks=None, keep: bool = False, kernels=None
+):
     """One segment. q: (B, H, N, L, R); zT = [kᵀ; vᵀ]: (B, H, N, R+D, L); Z0: (B, H, R+D, 2M);
-    masks: _DocMasks or None (no document starts inside).
+    masks: _DocMasks or None (no document starts inside); kernels: idmix_kernels or None.
 
-    Returns (o: (B, H, N, L, D), Z_end, intermediates or None).
+    Returns (o: (B, H, N, L, D), Z_end, intermediates or None). With kernels, the scan and
+    (unless keep) the two intra-chunk passes run in Triton; keep recomputes in torch.
     """
     B, H, N, L, R = q.shape
     kT, v = zT[..., :R, :], zT[..., R:, :].mT
     f = _Saved()
     f.zT = zT if masks is None else zT * masks.contrib  # inputs that reach the chunk end
     inc = (f.zT.flatten(2, 3) @ dec.end).view(B, H, N, -1, dec.end.shape[-1])  # Σ β λ^{L-1-s} z_s
-    starts, Z_end = _scan(_c(inc), _c(Z0), _c(dec.chunk), masks)
+    starts, Z_end = _scan(_c(inc), _c(Z0), _c(dec.chunk), masks, kernels)
     f.starts = starts = _r(starts)  # (B, H, N, R+D, 2M) chunk-start states
+    if kernels is not None and not keep:
+        reset = None if masks is None else masks.reset
+        p = kernels.intra_chunk_pass1(q, zT, starts, dec.start, dec.end, reset)
+        w = (_flat(p) @ G_hat.mT).view(p.shape)
+        o = kernels.intra_chunk_pass2(w, zT, starts, dec.start, dec.end, R, reset)
+        return o, _r(Z_end), None
     start = _c(dec.start)[None, :, None]  # (1, H, 1, L, M) = λ^{i+1}
     # Pass 1: p(t) = λ^{i+1} ⊙ (Xᵏ q_t) + Σ_{s<=t} β λ^{t-s} (q_t · k_s)
     f.y = q @ starts[..., :R, :]  # (B, H, N, L, 2M)
@@ -191,9 +202,9 @@ def _segment_forward(q, zT, dec: ChunkDecays, G_hat, Z0, masks=None, keep: bool 
     return o, _r(Z_end), (f if keep else None)
 
 
-def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks=None):
+def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks=None, kernels=None):
     """Gradients of one segment. Returns (dq, dzT, d_decays: ChunkDecays, dG, dZ0)."""
-    _, _, f = _segment_forward(q, zT, dec, G_hat, Z0, masks, keep=True)
+    _, _, f = _segment_forward(q, zT, dec, G_hat, Z0, masks, keep=True, kernels=kernels)
 
     def mask(x, name):
         return x if masks is None else x * getattr(masks, name)
@@ -224,7 +235,7 @@ def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks=None
     dq = dy @ starts[..., :R, :].transpose(-1, -2) + d_scores @ kT.mT
     dkT = q.transpose(-1, -2) @ d_scores  # (B, H, N, R, L)
     dS = torch.cat([q.transpose(-1, -2) @ dy, dXv], dim=-2)  # (B, H, N, R+D, 2M)
-    g_inc, dZ0 = _scan_adjoint(_c(dS), _c(dZ_end), _c(dec.chunk), masks)
+    g_inc, dZ0 = _scan_adjoint(_c(dS), _c(dZ_end), _c(dec.chunk), masks, kernels)
     g_inc = _r(g_inc)  # gradient of each chunk's increment, (B, H, N, R+D, 2M)
     d_chunk = _dot_conj(_c(starts), _c(g_inc), dim=-2)  # (B, H, N, M)
     if masks is not None:
@@ -293,8 +304,9 @@ def _masks(reset, t0, n, L, dtype):
     return _DocMasks(reset[:, t0 : t0 + n * L].unflatten(1, (n, L)), dtype)
 
 
-def _forward_impl(q, k, v, main, tail, G_hat, Z0, L, reset=None):
+def _forward_impl(q, k, v, main, tail, G_hat, Z0, L, reset=None, backend="auto"):
     B, T, H, _ = q.shape
+    kernels = _kernels(q, backend)
     decays = _decays_by_len(L, T, main, tail)
     o = q.new_empty(B, T, H, v.shape[-1])
     Z, starts = Z0.contiguous(), []
@@ -307,13 +319,15 @@ def _forward_impl(q, k, v, main, tail, G_hat, Z0, L, reset=None):
             G_hat,
             Z,
             _masks(reset, t0, n, Lp, q.dtype),
+            kernels=kernels,
         )
         _write_chunks(o, t0, o_p)
     return o, Z, torch.stack(starts)
 
 
-def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L, reset=None):
+def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L, reset=None, backend="auto"):
     T, R = q.shape[1], q.shape[-1]
+    kernels = _kernels(q, backend)
     decays = _decays_by_len(L, T, main, tail)
     d_decays = {Lp: [torch.zeros_like(t) for t in d] for Lp, d in decays.items()}
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -330,6 +344,7 @@ def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L, reset=None
             _to_chunks(do, t0, n, Lp),
             dZ,
             _masks(reset, t0, n, Lp, q.dtype),
+            kernels,
         )
         _write_chunks(dq, t0, gq)
         _write_chunks(dk, t0, g_zT[..., :R, :], transposed=True)
@@ -356,7 +371,9 @@ def chunk_decay_inputs(lam_ri, beta_ri, T, L):
 
 # Registered as custom ops so torch.compile / torch.export see one opaque node per direction
 # (the chunk loop, complex views and in-place scans stay out of the traced graph). The decay
-# tensors are inputs, so autograd carries their gradients on to λ and β outside the op.
+# tensors are inputs, so autograd carries their gradients on to λ and β outside the op. No
+# argument has a default: autograd matches the backward's outputs against the arguments as
+# passed, which leave out a default-valued one.
 # Shapes: q, k (B, T, H, R); v (B, T, H, D); decays as in ChunkDecays for chunk length L and
 # for the tail T % L; G_hat (H, 2M, 2M) interleaved; Z0 (B, H, R+D, 2M). One real dtype.
 
@@ -371,15 +388,18 @@ def chunked_forward(
     Z0: torch.Tensor,
     reset: torch.Tensor | None,
     chunk_size: int,
+    backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """decays = chunk_decay_inputs(...) (6 tensors); reset: (B, T) bool or None.
-    Returns (o (B, T, H, D), Z_end (B, H, R+D, 2M), segment start states (P, B, H, R+D, 2M))."""
+    """decays = chunk_decay_inputs(...) (6 tensors); reset: (B, T) bool or None; backend: one
+    of BACKENDS (see _kernels). Returns (o (B, T, H, D), Z_end (B, H, R+D, 2M), segment start
+    states (P, B, H, R+D, 2M))."""
     with torch.autocast(q.device.type, enabled=False):
-        return _forward_impl(q, k, v, decays[:3], decays[3:], G_hat, Z0, chunk_size, reset)
+        main, tail = decays[:3], decays[3:]
+        return _forward_impl(q, k, v, main, tail, G_hat, Z0, chunk_size, reset, backend)
 
 
 @chunked_forward.register_fake
-def _(q, k, v, decays, G_hat, Z0, reset, chunk_size):
+def _(q, k, v, decays, G_hat, Z0, reset, chunk_size, backend):
     B, T, H, _ = q.shape
     pieces = _num_pieces(T, chunk_size)
     return q.new_empty(B, T, H, v.shape[-1]), torch.empty_like(Z0), Z0.new_empty(pieces, *Z0.shape)
@@ -397,25 +417,37 @@ def chunked_backward(
     starts: torch.Tensor,
     reset: torch.Tensor | None,
     chunk_size: int,
+    backend: str,
 ) -> list[torch.Tensor]:
     """Gradients of (q, k, v, *decays, G_hat, Z0), recomputing the forward segment by segment
     from the saved segment start states."""
     with torch.autocast(q.device.type, enabled=False):
         return list(
             _backward_impl(
-                do, dZ_end, q, k, v, decays[:3], decays[3:], G_hat, starts, chunk_size, reset
+                do,
+                dZ_end,
+                q,
+                k,
+                v,
+                decays[:3],
+                decays[3:],
+                G_hat,
+                starts,
+                chunk_size,
+                reset,
+                backend,
             )
         )
 
 
 @chunked_backward.register_fake
-def _(do, dZ_end, q, k, v, decays, G_hat, starts, reset, chunk_size):
+def _(do, dZ_end, q, k, v, decays, G_hat, starts, reset, chunk_size, backend):
     return [torch.empty_like(t) for t in (q, k, v, *decays, G_hat, dZ_end)]
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, decays, G_hat, _Z0, reset, chunk_size = inputs
-    ctx.chunk_size, ctx.n_decays, ctx.has_reset = chunk_size, len(decays), reset is not None
+    q, k, v, decays, G_hat, _Z0, reset, chunk_size, backend = inputs
+    ctx.chunk_size, ctx.n_decays, ctx.backend = chunk_size, len(decays), backend
     ctx.save_for_backward(
         q, k, v, *decays, G_hat, output[2], *([reset] if reset is not None else [])
     )
@@ -439,8 +471,9 @@ def _backward(ctx, do, dZ_end, _d_starts):
         starts,
         reset[0] if reset else None,
         ctx.chunk_size,
+        ctx.backend,
     )
-    return dq, dk, dv, d_dec, dG, dZ0, None, None
+    return dq, dk, dv, d_dec, dG, dZ0, None, None, None
 
 
 chunked_forward.register_autograd(_backward, setup_context=_setup_context)

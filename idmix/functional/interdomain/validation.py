@@ -92,6 +92,11 @@ def check_chunk_size(chunk_size) -> None:
         raise ValueError(f"chunk_size: expected a positive power of two, got {chunk_size!r}")
 
 
+def check_backend(backend) -> None:
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend: expected 'auto', 'torch' or 'triton', got {backend!r}")
+
+
 def check_reset(reset, B: int, T: int) -> None:
     if reset is not None and (reset.dtype != torch.bool or tuple(reset.shape) != (B, T)):
         raise ValueError(
