@@ -131,6 +131,28 @@ def check_chunked(device: str) -> None:
         chunked.SEGMENT_TOKENS = 512
 
 
+def check_varlen(device: str) -> None:
+    """cu_seqlens through the kernels: both the packed (resets) and the per-length paths equal
+    the PyTorch backend, a length-1 sequence included."""
+    from idmix.functional import interdomain_attention_varlen
+    from tests.test_varlen import packed_problem
+
+    p, cu = packed_problem([1, 9, 20, 9, 3], dtype=torch.float32)
+    args = [p[n].to(device) for n in ("q", "k", "v", "lam", "beta", "C")]
+    init = tuple(s.to(device) for s in p["initial_state"])
+    for kw in ({}, {"initial_state": init, "return_final_state": True}):
+        got, ref = (
+            interdomain_attention_varlen(*args, cu.to(device), chunk_size=8, backend=b, **kw)
+            for b in ("triton", "torch")
+        )
+        if kw:  # (o, (Xk, Xv))
+            got, ref = (got[0], *got[1]), (ref[0], *ref[1])
+        else:
+            got, ref = (got,), (ref,)
+        for i, (a, b) in enumerate(zip(got, ref, strict=True)):
+            assert_rel(a, b, 1e-5, f"varlen {sorted(kw)} output {i}")
+
+
 def check_intra_passes_alone(device: str) -> None:
     """Each pass on its own equals the PyTorch segment code's intermediates (p and o)."""
     from idmix_kernels import intra_chunk_pass1, intra_chunk_pass2
@@ -188,4 +210,5 @@ if __name__ == "__main__":
     check_decode_compiles(dev)
     check_intra_passes_alone(dev)
     check_chunked(dev)
+    check_varlen(dev)
     print("kernel checks passed")

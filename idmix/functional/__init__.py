@@ -8,6 +8,7 @@ from .interdomain import (
     interdomain_attention_closed_form,
     interdomain_attention_naive,
     interdomain_attention_real,
+    interdomain_attention_varlen,
     interdomain_decode_step,
     interdomain_decode_step_real,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "interdomain_attention_closed_form",
     "interdomain_attention_naive",
     "interdomain_attention_real",
+    "interdomain_attention_varlen",
     "interdomain_decode_step",
     "interdomain_decode_step_real",
     "log_uniform_dt",

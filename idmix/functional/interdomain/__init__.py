@@ -19,6 +19,7 @@ from .validation import (
     check_real_params,
     check_reset,
 )
+from .varlen import varlen
 
 IMPLS = ("chunked", "naive", "closed_form", "recurrent")
 
@@ -188,10 +189,57 @@ def _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, r
     return o, state
 
 
+def interdomain_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    beta: torch.Tensor,
+    C: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    readout: str = "conj",
+    initial_state: State | None = None,
+    return_final_state: bool = False,
+    chunk_size: int = 64,
+    impl: str = "chunked",
+    backend: str = "auto",
+):
+    """``interdomain_attention`` over N packed sequences of different lengths.
+
+    q, k: (1, S, H, R); v: (1, S, H, D) (the sequences back to back); cu_seqlens: (N+1,) int
+    offsets 0 = c_0 < … < c_N = S (length-1 sequences allowed); initial_state: (Xk (N, H, M, R),
+    Xv (N, H, M, D)) complex, one state per sequence, zeros if None. Each sequence runs as if
+    alone. Returns o: (1, S, H, D), or (o, final states (N, H, M, R), (N, H, M, D)) if
+    return_final_state. The other arguments are those of ``interdomain_attention``.
+    """
+
+    def attend(q_, k_, v_, reset, init, _final):
+        return interdomain_attention(
+            q_,
+            k_,
+            v_,
+            lam,
+            beta,
+            C,
+            readout=readout,
+            initial_state=init,
+            return_final_state=True,
+            chunk_size=chunk_size,
+            impl=impl,
+            reset=reset,
+            backend=backend,
+        )
+
+    o, state = varlen(attend, q, k, v, cu_seqlens, lam.shape[-1], initial_state, return_final_state)
+    return (o, state) if return_final_state else o
+
+
 __all__ = [
     "IMPLS",
     "interdomain_attention",
     "interdomain_attention_real",
+    "interdomain_attention_varlen",
     "interdomain_attention_naive",
     "interdomain_attention_closed_form",
     "interdomain_decode_step",
