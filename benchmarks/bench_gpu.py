@@ -8,7 +8,9 @@ Shapes: H=16, R=D=M=64, chunk 64, bf16 inputs (the SSM runs in fp32 inside), B =
 (at least 1) so every length processes the same number of tokens. TFLOP/s use the op's
 multiply-add count per token and head, L(R+D) + 4LM + 4M(R+D) + 4M² (DESIGN.md §3; ×3 for
 fwd+bwd), and 2·T·d per token and head for causal attention (×2.5 for fwd+bwd).
-The interdomain op runs through whatever ``idmix.functional`` dispatches to on this device.
+"id fwd" runs the chunked op on the Triton kernels (scan + both intra-chunk passes), "id fwd
+torch" on its PyTorch GEMM path; fwd+bwd uses the kernels forward and the PyTorch recompute
+backward (with the Triton scan).
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ def params(device):
 
 
 def training_fns(device, T, B, lam, beta, C):
-    """(interdomain fwd, fwd+bwd, SDPA fwd, fwd+bwd) closures at length T and batch B."""
+    """(interdomain fwd on the Triton kernels, fwd on the PyTorch GEMM path, fwd+bwd, SDPA fwd,
+    fwd+bwd) closures at length T and batch B."""
     q, k, v = (
         torch.randn(B, T, H, R, device=device, dtype=torch.bfloat16, requires_grad=True)
         for _ in range(3)
@@ -81,8 +84,8 @@ def training_fns(device, T, B, lam, beta, C):
         for _ in range(3)
     )
 
-    def ours():
-        return interdomain_attention(q, k, v, lam, beta, C, chunk_size=L)
+    def ours(backend="triton"):
+        return interdomain_attention(q, k, v, lam, beta, C, chunk_size=L, backend=backend)
 
     def sdpa():
         return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
@@ -93,7 +96,13 @@ def training_fns(device, T, B, lam, beta, C):
     def fwd_bwd(fn):
         return lambda: fn().float().sum().backward()
 
-    return no_grad(ours), fwd_bwd(ours), no_grad(sdpa), fwd_bwd(sdpa)
+    return (
+        no_grad(ours),
+        no_grad(lambda: ours("torch")),
+        fwd_bwd(ours),
+        no_grad(sdpa),
+        fwd_bwd(sdpa),
+    )
 
 
 def training_table(device, lengths, tokens, reps):
@@ -104,7 +113,11 @@ def training_table(device, lengths, tokens, reps):
     for T in lengths:
         B = max(1, tokens // T)
         fns = dict(
-            zip(("of", "ofb", "sf", "sfb"), training_fns(device, T, B, lam, beta, C), strict=True)
+            zip(
+                ("of", "oft", "ofb", "sf", "sfb"),
+                training_fns(device, T, B, lam, beta, C),
+                strict=True,
+            )
         )
         t = {n: time_it(f, reps) for n, f in fns.items()}
         flop_id = 2 * per_tok_id * B * T * H
@@ -114,6 +127,7 @@ def training_table(device, lengths, tokens, reps):
                 str(T),
                 str(B),
                 f"{t['of'] * 1e3:.2f}",
+                f"{t['oft'] * 1e3:.2f}",
                 f"{t['sf'] * 1e3:.2f}",
                 f"{t['sf'] / t['of']:.2f}x",
                 f"{t['ofb'] * 1e3:.2f}",
@@ -131,6 +145,7 @@ def training_table(device, lengths, tokens, reps):
             "T",
             "B",
             "id fwd",
+            "id fwd torch",
             "sdpa fwd",
             "fwd x",
             "id f+b",

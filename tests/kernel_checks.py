@@ -74,6 +74,11 @@ CHUNKED_CASES = [
     (2, 37, 1, 6, 2, 5, 16, (1.0, 10.0), {1: [5, 36]}, "conj", torch.float16),
     (1, 130, 2, 4, 4, 3, 32, (1e-3, 1e-1), {0: [64, 65, 129]}, "product", torch.float32),
 ]
+GPU_CHUNKED_CASES = [  # the paper's head shape at lengths the interpreter cannot afford
+    (2, 4096, 4, 64, 64, 64, 64, (1e-3, 1e-1), {0: [0, 1000, 1001]}, "conj", torch.bfloat16),
+    (1, 2050, 2, 64, 64, 64, 64, (1.0, 10.0), {}, "product", torch.float16),
+    (1, 1500, 3, 32, 48, 16, 32, (1e-3, 1e-1), {0: [700]}, "conj", torch.float32),
+]
 
 
 def run_chunked(p, device, backend, reset, readout, chunk):
@@ -105,12 +110,14 @@ def check_chunked(device: str) -> None:
     from idmix.functional import interdomain_attention
     from idmix.functional.interdomain import chunked
 
-    chunked.SEGMENT_TOKENS = 32
+    chunked.SEGMENT_TOKENS = 32 if device == "cpu" else 512
+    cases = CHUNKED_CASES + (GPU_CHUNKED_CASES if device == "cuda" else [])
     try:
-        for B, T, H, R, D, M, L, dt, starts, readout, dtype in CHUNKED_CASES:
+        for B, T, H, R, D, M, L, dt, starts, readout, dtype in cases:
             p = make_problem(B=B, T=T, H=H, R=R, D=D, M=M, dtype=torch.float32, dt_range=dt)
-            for n in ("q", "k", "v"):
-                p[n] = p[n].to(dtype).float()
+            for n in ("q", "k", "v"):  # the op takes them in this dtype, computes in fp32
+                p[n] = p[n].to(dtype)
+            tol = 1e-5 if dtype == torch.float32 else 4e-3  # o and the grads come back in dtype
             reset = torch.zeros(B, T, dtype=torch.bool, device=device)
             for row, pos in starts.items():
                 reset[row, pos] = True
@@ -118,7 +125,9 @@ def check_chunked(device: str) -> None:
             tri = run_chunked(p, device, "triton", reset, readout, L)
             ref = run_chunked(p, device, "torch", reset, readout, L)
             for i, (a, b) in enumerate(zip(tri, ref, strict=True)):
-                assert_rel(a, b, 1e-5, f"triton vs torch {case} tensor {i}")
+                assert_rel(a, b, tol, f"triton vs torch {case} tensor {i}")
+            if T > 200:
+                continue
             naive = interdomain_attention(
                 *(p[n].to(device) for n in ("q", "k", "v", "lam", "beta", "C")),
                 initial_state=tuple(s.to(device) for s in p["initial_state"]),
@@ -126,7 +135,7 @@ def check_chunked(device: str) -> None:
                 readout=readout,
                 impl="naive",
             )
-            assert_rel(tri[0], naive, 1e-4, f"triton vs naive {case}")
+            assert_rel(tri[0], naive, max(tol, 1e-4), f"triton vs naive {case}")
     finally:
         chunked.SEGMENT_TOKENS = 512
 
