@@ -6,7 +6,15 @@ set ``TRITON_INTERPRET=1`` before this package is imported.
 """
 
 from .chunk_intra import intra_chunk_pass1, intra_chunk_pass2
+from .chunk_intra_bwd import intra_chunk_pass1_backward, intra_chunk_pass2_backward
 from .chunk_scan import chunk_scan
 from .decode_step import decode_step_triton
 
-__all__ = ["chunk_scan", "decode_step_triton", "intra_chunk_pass1", "intra_chunk_pass2"]
+__all__ = [
+    "chunk_scan",
+    "decode_step_triton",
+    "intra_chunk_pass1",
+    "intra_chunk_pass1_backward",
+    "intra_chunk_pass2",
+    "intra_chunk_pass2_backward",
+]

@@ -48,6 +48,35 @@ def _load_pairs(ptr, rows, cols, s_row, n_rows, M):
     return re, tl.load(off + 1, mask=ok, other=0.0).to(tl.float32)
 
 
+@triton.jit
+def _store_pairs(ptr, rows, cols, s_row, n_rows, M, re, im):
+    off = ptr + rows[:, None].to(tl.int64) * s_row + 2 * cols[None, :]
+    ok = (rows < n_rows)[:, None] & (cols < M)[None, :]
+    tl.store(off, re, mask=ok)
+    tl.store(off + 1, im, mask=ok)
+
+
+@triton.jit
+def _shear_in(tile, x, L, BL: tl.constexpr):
+    """(t, s) -> (t, j) with s = t + j + 1 - L (0 where s < 0), through the scratch tile."""
+    ll = tl.arange(0, BL)
+    tl.store(tile + ll[:, None] * BL + ll[None, :], x)
+    tl.debug_barrier()
+    src = ll[:, None] + ll[None, :] + 1 - L
+    return tl.load(tile + ll[:, None] * BL + src, mask=(src >= 0) & (ll < L)[:, None], other=0.0)
+
+
+@triton.jit
+def _shear_out(tile, y, L, BL: tl.constexpr):
+    """(t, j) -> (t, s) with j = L - 1 - t + s for s ≤ t (0 above the diagonal)."""
+    ll = tl.arange(0, BL)
+    tl.store(tile + ll[:, None] * BL + ll[None, :], y)
+    tl.debug_barrier()
+    src = L - 1 - ll[:, None] + ll[None, :]
+    causal = (ll[None, :] <= ll[:, None]) & (ll < L)[:, None]
+    return tl.load(tile + ll[:, None] * BL + src, mask=causal, other=0.0)
+
+
 @triton.autotune(configs=_configs(), key=["L", "R", "M"])
 @triton.jit(do_not_specialize=["N"])
 def _pass1_kernel(
@@ -78,20 +107,12 @@ def _pass1_kernel(
         valid, same = _doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
         y_re, y_im = tl.where(valid[:, None], y_re, 0.0), tl.where(valid[:, None], y_im, 0.0)
         scores = tl.where(same, scores, 0.0)
-    # shear (t, s) -> (t, j), s = t + j + 1 - L, through this program's scratch tile
-    tile = scratch_ptr + pid * BL * BL
-    tl.store(tile + ll[:, None] * BL + ll[None, :], scores)
-    tl.debug_barrier()
-    src = ll[:, None] + ll[None, :] + 1 - L
-    lagged = tl.load(tile + ll[:, None] * BL + src, mask=(src >= 0) & in_l[:, None], other=0.0)
+    lagged = _shear_in(scratch_ptr + pid * BL * BL, scores, L, BL)
     e_re, e_im = _load_pairs(dend_ptr + h * s_dh, ll, mm, s_dl, L, M)
     a_re, a_im = _load_pairs(dstart_ptr + h * s_dh, ll, mm, s_dl, L, M)
     p_re = a_re * y_re - a_im * y_im + tl.dot(lagged, e_re, input_precision="ieee")
     p_im = a_re * y_im + a_im * y_re + tl.dot(lagged, e_im, input_precision="ieee")
-    out = p_ptr + b * s_pb + h * s_ph + n * s_pn + ll[:, None] * s_pl + 2 * mm[None, :]
-    ok = in_l[:, None] & (mm < M)[None, :]
-    tl.store(out, p_re, mask=ok)
-    tl.store(out + 1, p_im, mask=ok)
+    _store_pairs(p_ptr + b * s_pb + h * s_ph + n * s_pn, ll, mm, s_pl, L, M, p_re, p_im)
 
 
 @triton.autotune(configs=_configs(), key=["L", "D", "M"])
@@ -117,13 +138,7 @@ def _pass2_kernel(
     e_re, e_im = _load_pairs(dend_ptr + h * s_dh, ll, mm, s_dl, L, M)
     by_lag = tl.dot(w_re, tl.trans(e_re), input_precision="ieee")
     by_lag += tl.dot(w_im, tl.trans(e_im), input_precision="ieee")  # (t, j)
-    # shear back (t, j) -> (t, s), j = L - 1 - t + s, causal part only
-    tile = scratch_ptr + pid * BL * BL
-    tl.store(tile + ll[:, None] * BL + ll[None, :], by_lag)
-    tl.debug_barrier()
-    src = L - 1 - ll[:, None] + ll[None, :]
-    causal = (ll[None, :] <= ll[:, None]) & in_l[:, None]
-    mix = tl.load(tile + ll[:, None] * BL + src, mask=causal, other=0.0)
+    mix = _shear_out(scratch_ptr + pid * BL * BL, by_lag, L, BL)
     if HAS_RESET:
         valid, same = _doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
         u_re, u_im = tl.where(valid[:, None], u_re, 0.0), tl.where(valid[:, None], u_im, 0.0)
@@ -156,6 +171,8 @@ def intra_chunk_pass1(q, zT, starts, d_start, d_end, reset=None):
     Returns p: (B, H, N, L, 2M) fp32, all inner dims contiguous as chunked.py makes them."""
     B, H, N, L, R = q.shape
     M = starts.shape[-1] // 2
+    q, zT, starts = q.contiguous(), zT.contiguous(), starts.contiguous()
+    d_start, d_end = d_start.contiguous(), d_end.contiguous()
     p = q.new_empty(B, H, N, L, 2 * M, dtype=torch.float32)
     BL = _block(L)
     scratch = q.new_empty(B * H * N * BL * BL, dtype=torch.float32)
@@ -173,6 +190,8 @@ def intra_chunk_pass1(q, zT, starts, d_start, d_end, reset=None):
 def intra_chunk_pass2(w, zT, starts, d_start, d_end, key_dim, reset=None):
     """w: (B, H, N, L, 2M) = Ĝ p per position; key_dim: R (zT and starts hold R key rows, then
     D value rows); other arguments as in intra_chunk_pass1. Returns o: (B, H, N, L, D) fp32."""
+    w, zT, starts = w.contiguous(), zT.contiguous(), starts.contiguous()
+    d_start, d_end = d_start.contiguous(), d_end.contiguous()
     B, H, N, L, twoM = w.shape
     R, D = key_dim, zT.shape[3] - key_dim
     o = w.new_empty(B, H, N, L, D, dtype=torch.float32)

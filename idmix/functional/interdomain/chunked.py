@@ -17,6 +17,8 @@ mode vectors (.., L, 2M) and states (.., R+D, 2M) = [Xᵏ | Xᵛ]ᵀ, both in in
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .decays import ChunkDecays, chunk_decays
@@ -202,10 +204,19 @@ def _segment_forward(
     return o, _r(Z_end), (f if keep else None)
 
 
-def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks=None, kernels=None):
-    """Gradients of one segment. Returns (dq, dzT, d_decays: ChunkDecays, dG, dZ0)."""
-    _, _, f = _segment_forward(q, zT, dec, G_hat, Z0, masks, keep=True, kernels=kernels)
+class _IntraGrads(NamedTuple):
+    """Gradients through the two intra-chunk passes of one segment (before the state scan)."""
 
+    dq: torch.Tensor  # (B, H, N, L, R)
+    dkT: torch.Tensor  # (B, H, N, R, L)
+    dvT: torch.Tensor  # (B, H, N, D, L)
+    dS: torch.Tensor  # (B, H, N, R+D, 2M) of the chunk-start states
+    d_start: torch.Tensor  # (H, L, 2M)
+    d_end: torch.Tensor  # (H, L, 2M), the intra-chunk part
+    dG: torch.Tensor  # (H, 2M, 2M)
+
+
+def _intra_backward_torch(f: _Saved, q, zT, dec: ChunkDecays, G_hat, do, masks) -> _IntraGrads:
     def mask(x, name):
         return x if masks is None else x * getattr(masks, name)
 
@@ -235,17 +246,52 @@ def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks=None
     dq = dy @ starts[..., :R, :].transpose(-1, -2) + d_scores @ kT.mT
     dkT = q.transpose(-1, -2) @ d_scores  # (B, H, N, R, L)
     dS = torch.cat([q.transpose(-1, -2) @ dy, dXv], dim=-2)  # (B, H, N, R+D, 2M)
-    g_inc, dZ0 = _scan_adjoint(_c(dS), _c(dZ_end), _c(dec.chunk), masks, kernels)
+    return _IntraGrads(dq, dkT, dvT, dS, d_start, d_end, dG)
+
+
+def _intra_backward_kernels(kernels, starts, q, zT, dec, G_hat, do, masks) -> _IntraGrads:
+    """The same gradients from the Triton backward passes (each recomputes its own pass)."""
+    R = q.shape[-1]
+    reset = None if masks is None else masks.reset
+    p = kernels.intra_chunk_pass1(q, zT, starts, dec.start, dec.end, reset)
+    w = (_flat(p) @ G_hat.mT).view(p.shape)
+    dv, dXv, dw, ge2, gs2 = kernels.intra_chunk_pass2_backward(
+        do, w, zT, starts, dec.start, dec.end, R, reset
+    )
+    dp = (_flat(dw) @ G_hat).view(dw.shape)
+    dG = (_flat(dw).transpose(-1, -2) @ _flat(p)).sum(0)
+    dq, dkT, dXk, ge1, gs1 = kernels.intra_chunk_pass1_backward(
+        dp, q, zT, starts, dec.start, dec.end, reset
+    )
+    d_start, d_end = (gs1 + gs2).sum((0, 2)), (ge1 + ge2).sum((0, 2))
+    return _IntraGrads(dq, dkT, dv.mT, torch.cat([dXk, dXv], -2), d_start, d_end, dG)
+
+
+def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks=None, kernels=None):
+    """Gradients of one segment. Returns (dq, dzT, d_decays: ChunkDecays, dG, dZ0)."""
+    R = q.shape[-1]
+    if kernels is None:
+        _, _, f = _segment_forward(q, zT, dec, G_hat, Z0, masks, keep=True)
+        g = _intra_backward_torch(f, q, zT, dec, G_hat, do, masks)
+        starts, zc = f.starts, f.zT
+    else:  # only the chunk-start states are recomputed here; the passes recompute inside
+        zc = zT if masks is None else zT * masks.contrib
+        inc = (zc.flatten(2, 3) @ dec.end).view(*zT.shape[:3], -1, dec.end.shape[-1])
+        starts = _r(_scan(_c(inc), _c(Z0), _c(dec.chunk), masks, kernels)[0])
+        g = _intra_backward_kernels(kernels, starts, q, zT, dec, G_hat, do, masks)
+    g_inc, dZ0 = _scan_adjoint(_c(g.dS), _c(dZ_end), _c(dec.chunk), masks, kernels)
     g_inc = _r(g_inc)  # gradient of each chunk's increment, (B, H, N, R+D, 2M)
     d_chunk = _dot_conj(_c(starts), _c(g_inc), dim=-2)  # (B, H, N, M)
     if masks is not None:
         d_chunk = d_chunk * masks.carry[:, None, :, None]
     d_chunk = _r(d_chunk.sum((0, 2)))
-    d_end = d_end + (f.zT.flatten(2, 3).transpose(-1, -2) @ g_inc.flatten(2, 3)).sum(0)
-    dzT = mask((g_inc.flatten(2, 3) @ dec.end.mT).view(f.zT.shape), "contrib")  # (B,H,N,R+D,L)
-    dzT[..., :R, :] += dkT
-    dzT[..., R:, :] += dvT
-    return dq, dzT, ChunkDecays(d_start, d_end, d_chunk), dG, _r(dZ0)
+    d_end = g.d_end + (zc.flatten(2, 3).transpose(-1, -2) @ g_inc.flatten(2, 3)).sum(0)
+    dzT = (g_inc.flatten(2, 3) @ dec.end.mT).view(zc.shape)  # (B, H, N, R+D, L)
+    if masks is not None:
+        dzT = dzT * masks.contrib
+    dzT[..., :R, :] += g.dkT
+    dzT[..., R:, :] += g.dvT
+    return g.dq, dzT, ChunkDecays(g.d_start, d_end, d_chunk), g.dG, _r(dZ0)
 
 
 def _plan(T: int, L: int) -> list[tuple[int, int, int]]:
