@@ -8,9 +8,8 @@ Shapes: H=16, R=D=M=64, chunk 64, bf16 inputs (the SSM runs in fp32 inside), B =
 (at least 1) so every length processes the same number of tokens. TFLOP/s use the op's
 multiply-add count per token and head, L(R+D) + 4LM + 4M(R+D) + 4M² (DESIGN.md §3; ×3 for
 fwd+bwd), and 2·T·d per token and head for causal attention (×2.5 for fwd+bwd).
-"id fwd" runs the chunked op on the Triton kernels (scan + both intra-chunk passes), "id fwd
-torch" on its PyTorch GEMM path; fwd+bwd uses the kernels forward and the PyTorch recompute
-backward (with the Triton scan).
+"id" columns run the chunked op on the Triton kernels (state scan and the intra-chunk passes,
+forward and backward), "id … torch" on its PyTorch GEMM path, so one run shows which is faster.
 """
 
 from __future__ import annotations
@@ -73,8 +72,8 @@ def params(device):
 
 
 def training_fns(device, T, B, lam, beta, C):
-    """(interdomain fwd on the Triton kernels, fwd on the PyTorch GEMM path, fwd+bwd, SDPA fwd,
-    fwd+bwd) closures at length T and batch B."""
+    """(interdomain fwd, fwd+bwd on the Triton kernels, the same two on the PyTorch GEMM path,
+    SDPA fwd, fwd+bwd) closures at length T and batch B."""
     q, k, v = (
         torch.randn(B, T, H, R, device=device, dtype=torch.bfloat16, requires_grad=True)
         for _ in range(3)
@@ -98,8 +97,9 @@ def training_fns(device, T, B, lam, beta, C):
 
     return (
         no_grad(ours),
-        no_grad(lambda: ours("torch")),
         fwd_bwd(ours),
+        no_grad(lambda: ours("torch")),
+        fwd_bwd(lambda: ours("torch")),
         no_grad(sdpa),
         fwd_bwd(sdpa),
     )
@@ -114,7 +114,7 @@ def training_table(device, lengths, tokens, reps):
         B = max(1, tokens // T)
         fns = dict(
             zip(
-                ("of", "oft", "ofb", "sf", "sfb"),
+                ("of", "ofb", "oft", "ofbt", "sf", "sfb"),
                 training_fns(device, T, B, lam, beta, C),
                 strict=True,
             )
@@ -131,6 +131,7 @@ def training_table(device, lengths, tokens, reps):
                 f"{t['sf'] * 1e3:.2f}",
                 f"{t['sf'] / t['of']:.2f}x",
                 f"{t['ofb'] * 1e3:.2f}",
+                f"{t['ofbt'] * 1e3:.2f}",
                 f"{t['sfb'] * 1e3:.2f}",
                 f"{t['sfb'] / t['ofb']:.2f}x",
                 f"{flop_id / t['of'] / 1e12:.1f}",
@@ -149,6 +150,7 @@ def training_table(device, lengths, tokens, reps):
             "sdpa fwd",
             "fwd x",
             "id f+b",
+            "id f+b torch",
             "sdpa f+b",
             "f+b x",
             "id TF/s fwd",
