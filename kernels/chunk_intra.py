@@ -95,9 +95,13 @@ def _pass1_kernel(
     ll, rr, mm = tl.arange(0, BL), tl.arange(0, BR), tl.arange(0, BM)
     in_l, in_r = ll < L, rr < R
     q_base = q_ptr + b * s_qb + h * s_qh + n * s_qn
-    q = tl.load(q_base + ll[:, None] * s_ql + rr[None, :], mask=in_l[:, None] & in_r[None, :])
+    q = tl.load(
+        q_base + ll[:, None] * s_ql + rr[None, :], mask=in_l[:, None] & in_r[None, :], other=0.0
+    )
     z_base = zT_ptr + b * s_zb + h * s_zh + n * s_zn
-    kT = tl.load(z_base + rr[:, None] * s_zc + ll[None, :], mask=in_r[:, None] & in_l[None, :])
+    kT = tl.load(
+        z_base + rr[:, None] * s_zc + ll[None, :], mask=in_r[:, None] & in_l[None, :], other=0.0
+    )
     q, kT = q.to(tl.float32), kT.to(tl.float32)
     sk_re, sk_im = _load_pairs(st_ptr + b * s_sb + h * s_sh + n * s_sn, rr, mm, s_sc, R, M)
     y_re = tl.dot(q, sk_re, input_precision="ieee")
@@ -144,7 +148,9 @@ def _pass2_kernel(
         u_re, u_im = tl.where(valid[:, None], u_re, 0.0), tl.where(valid[:, None], u_im, 0.0)
         mix = tl.where(same, mix, 0.0)
     z_base = zT_ptr + b * s_zb + h * s_zh + n * s_zn + R * s_zc
-    v = tl.load(z_base + dd[None, :] * s_zc + ll[:, None], mask=in_l[:, None] & in_d[None, :])
+    v = tl.load(
+        z_base + dd[None, :] * s_zc + ll[:, None], mask=in_l[:, None] & in_d[None, :], other=0.0
+    )
     s_base = st_ptr + b * s_sb + h * s_sh + n * s_sn + R * s_sc
     sv_re, sv_im = _load_pairs(s_base, dd, mm, s_sc, D, M)
     o = tl.dot(mix, v.to(tl.float32), input_precision="ieee")

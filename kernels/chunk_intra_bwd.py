@@ -47,11 +47,13 @@ def _pass2_bwd_kernel(
     in_l, in_d = ll < L, dd < D
     ld = in_l[:, None] & in_d[None, :]
     do = tl.load(
-        do_ptr + b * s_ob + h * s_oh + n * s_on + ll[:, None] * s_ol + dd[None, :], mask=ld
+        do_ptr + b * s_ob + h * s_oh + n * s_on + ll[:, None] * s_ol + dd[None, :],
+        mask=ld,
+        other=0.0,
     )
     do = do.to(tl.float32)
     z_base = zT_ptr + b * s_zb + h * s_zh + n * s_zn + R * s_zc
-    v = tl.load(z_base + dd[None, :] * s_zc + ll[:, None], mask=ld).to(tl.float32)
+    v = tl.load(z_base + dd[None, :] * s_zc + ll[:, None], mask=ld, other=0.0).to(tl.float32)
     s_base = st_ptr + b * s_sb + h * s_sh + n * s_sn + R * s_sc
     sv_re, sv_im = _load_pairs(s_base, dd, mm, s_sc, D, M)
     w_base = w_ptr + b * s_wb + h * s_wh + n * s_wn
@@ -112,9 +114,11 @@ def _pass1_bwd_kernel(
     in_l, in_r = ll < L, rr < R
     lr = in_l[:, None] & in_r[None, :]
     q_off = b * s_qb + h * s_qh + n * s_qn + ll[:, None] * s_ql + rr[None, :]
-    q = tl.load(q_ptr + q_off, mask=lr).to(tl.float32)
+    q = tl.load(q_ptr + q_off, mask=lr, other=0.0).to(tl.float32)
     z_base = zT_ptr + b * s_zb + h * s_zh + n * s_zn
-    kT = tl.load(z_base + rr[:, None] * s_zc + ll[None, :], mask=in_r[:, None] & in_l[None, :])
+    kT = tl.load(
+        z_base + rr[:, None] * s_zc + ll[None, :], mask=in_r[:, None] & in_l[None, :], other=0.0
+    )
     kT = kT.to(tl.float32)
     sk_re, sk_im = _load_pairs(st_ptr + b * s_sb + h * s_sh + n * s_sn, rr, mm, s_sc, R, M)
     dp_base = dp_ptr + b * s_pb + h * s_ph + n * s_pn
