@@ -5,9 +5,10 @@ torch.export, save, reload and measure.
 
 For fp32 and each mode (int8_weight_only, int8_dynamic): weight bytes, validation perplexity
 (and its change against fp32), greedy decode tokens/s (prompt included) of the eager model
-(``idmix.generate``) and of the reloaded exported programs, and whether the reloaded programs
-reproduce the quantised eager model's greedy tokens. Writes {mode}_prefill.pt2,
-{mode}_decode.pt2 and quantize_report.{md,json} to output_dir.
+(``idmix.generate``), of the reloaded torch.export programs and (aoti=true) of their
+AOTInductor-compiled packages, and whether each reproduces the eager model's greedy tokens.
+Writes {model}_{prefill,decode}.pt2, {model}_{prefill,decode}.aoti.pt2 and
+quantize_report.{md,json} to output_dir.
 """
 
 from __future__ import annotations
@@ -27,18 +28,19 @@ from idmix.evaluation.deploy import (
     QUANT_MODES,
     export_programs,
     greedy_with_programs,
+    load_program,
     quantize_linears,
+    save_program,
 )
 from idmix.evaluation.extrapolation import token_stream
 from idmix.evaluation.report import markdown_table, write_json, write_text
 from idmix.evaluation.scoring import sequence_nll
 from idmix.training.checkpoint import load_exported_model
-from idmix.training.files import atomic_write
 from recipes._common import check_keys, fresh_outputs
 
 KEYS = {
     "checkpoint", "tokenizer", "dataset", "modes", "seq_len", "eval_tokens", "prompt_len",
-    "new_tokens", "targets", "seed", "output_dir", "overwrite",
+    "new_tokens", "targets", "aoti", "seed", "output_dir", "overwrite",
 }  # fmt: skip
 
 
@@ -60,26 +62,30 @@ def timed(fn) -> tuple[torch.Tensor, float]:
 
 
 def measure(model, name, cfg, stream, prompt, out) -> dict:
-    """One row of the report; writes the exported programs of quantised models."""
+    """One row of the report; writes the model's exported (and AOT-compiled) programs."""
     S = cfg.prompt_len + cfg.new_tokens
     row = {"weights_bytes": weight_bytes(model)}
     row["val_ppl"] = perplexity(model, stream, cfg.seq_len, cfg.eval_tokens)
     new, secs = timed(lambda: generate(model, prompt.tolist(), cfg.new_tokens, temperature=0))
     tokens = torch.tensor(new)
     row["eager_tok_s"] = cfg.new_tokens / secs
-    if name == "fp32":
-        return row
     programs = export_programs(model, 1, cfg.prompt_len, S)
-    loaded = []
-    for part, program in zip(("prefill", "decode"), programs, strict=True):
-        path = out / f"{name}_{part}.pt2"
-        atomic_write(path, lambda tmp, p=program: torch.export.save(p, tmp))
-        row[f"{part}_file_bytes"] = path.stat().st_size
-        loaded.append(torch.export.load(path).module())
-    exported, secs = timed(lambda: greedy_with_programs(*loaded, prompt, cfg.new_tokens, S))
-    row["exported_tok_s"] = cfg.new_tokens / secs
-    row["reload_matches_eager"] = bool(torch.equal(exported, tokens))
+    for kind in ("exported", "aoti") if cfg.aoti else ("exported",):
+        loaded = []
+        for part, program in zip(("prefill", "decode"), programs, strict=True):
+            path = out / program_file(name, part, kind)
+            save_program(program, path, aoti=kind == "aoti")
+            row[f"{kind}_{part}_file_bytes"] = path.stat().st_size
+            loaded.append(load_program(path, aoti=kind == "aoti"))
+        greedy_with_programs(*loaded, prompt, 2, S)  # warm-up (first calls allocate)
+        got, secs = timed(lambda p=loaded: greedy_with_programs(*p, prompt, cfg.new_tokens, S))
+        row[f"{kind}_tok_s"] = cfg.new_tokens / secs
+        row[f"{kind}_matches_eager"] = bool(torch.equal(got, tokens))
     return row
+
+
+def program_file(name: str, part: str, kind: str) -> str:
+    return f"{name}_{part}{'.aoti' if kind == 'aoti' else ''}.pt2"
 
 
 @config.parse
@@ -90,7 +96,12 @@ def main(cfg: DictConfig) -> None:
         raise ValueError(
             f"config: modes: expected a list from {QUANT_MODES}, got {list(cfg.modes)}"
         )
-    names = [f"{m}_{p}.pt2" for m in cfg.modes for p in ("prefill", "decode")]
+    names = [
+        program_file(m, p, k)
+        for m in ("fp32", *cfg.modes)
+        for p in ("prefill", "decode")
+        for k in ("exported", "aoti")
+    ]
     out = fresh_outputs(cfg.output_dir, [*names, "quantize_report.md"], cfg.overwrite)
     torch.manual_seed(cfg.seed)
     base = load_exported_model(cfg.checkpoint, "cpu")
@@ -115,12 +126,14 @@ def main(cfg: DictConfig) -> None:
             f"{r['ppl_delta_pct']:+.2f}%",
             "-" if target is None else f"≤{target}% {'yes' if r['meets_target'] else 'NO'}",
             f"{r['eager_tok_s']:.0f}",
-            f"{r['exported_tok_s']:.0f}" if "exported_tok_s" in r else "-",
-            r.get("reload_matches_eager", "-"),
+            f"{r['exported_tok_s']:.0f}",
+            r["exported_matches_eager"],
+            f"{r['aoti_tok_s']:.0f}" if cfg.aoti else "-",
+            r["aoti_matches_eager"] if cfg.aoti else "-",
         ])  # fmt: skip
     header = [
         "model", "weights MiB", "smaller", "val ppl", "Δ ppl", "target", "eager tok/s",
-        "exported tok/s", "reloaded = eager",
+        "exported tok/s", "reloaded = eager", "AOTI tok/s", "AOTI = eager",
     ]  # fmt: skip
     table = (
         f"{cfg.checkpoint}: validation perplexity on {cfg.eval_tokens:,} tokens (windows of "

@@ -27,8 +27,8 @@ from idmix.training.optim import param_groups, warmup_cosine
 from recipes._common import check_keys, fresh_outputs
 
 KEYS = {
-    "model", "mixers", "train_tasks", "seq_len", "batch_size", "steps", "lr", "warmup_steps", "weight_decay",
-    "ssm_lr_cap", "train_mqar_pairs", "train_phonebook_entries", "eval_mqar_pairs",
+    "model", "mixers", "train_tasks", "seq_len", "batch_size", "steps", "lr", "warmup_steps",
+    "weight_decay", "ssm_lr_cap", "train_mqar_pairs", "train_phonebook_entries", "eval_mqar_pairs",
     "eval_phonebook_entries", "eval_passkey_lengths", "eval_examples", "seed", "device",
     "output_dir", "overwrite",
 }  # fmt: skip

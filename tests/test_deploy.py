@@ -12,14 +12,16 @@ from idmix.evaluation.deploy import (
     cache_tensors,
     export_programs,
     greedy_with_programs,
+    load_program,
     quantize_linears,
+    save_program,
 )
 from tests.helpers import tiny_model
 
 
-def reload(program, path):
-    torch.export.save(program, path)
-    return torch.export.load(path).module()
+def reload(program, path, aoti=False):
+    save_program(program, path, aoti=aoti)
+    return load_program(path, aoti=aoti)
 
 
 @pytest.mark.parametrize("mixer", ["interdomain", "s4d", "softmax"])
@@ -69,3 +71,15 @@ def test_bad_mode_and_length_are_named():
         quantize_linears(model, "int4")
     with pytest.raises(ValueError, match="max_new_tokens"):
         greedy_with_programs(None, None, torch.zeros(1, 10, dtype=torch.long), 10, 16)
+
+
+def test_aoti_packages_decode_like_generate(tmp_path):
+    """The AOTInductor-compiled programs (native code) reproduce idmix.generate too."""
+    model, _ = tiny_model()
+    prompt = torch.randint(0, 4096, (1, 6))
+    ref = torch.tensor(generate(model, prompt.tolist(), 5, temperature=0))
+    programs = export_programs(model, batch_size=1, prompt_len=6, max_seq_len=12)
+    prefill, decode = (
+        reload(p, tmp_path / f"{i}.aoti.pt2", aoti=True) for i, p in enumerate(programs)
+    )
+    assert torch.equal(greedy_with_programs(prefill, decode, prompt, 5, 12), ref)

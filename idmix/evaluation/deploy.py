@@ -12,6 +12,7 @@ for Interdomain and S4D-only; a KV cache of S positions for softmax.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -68,7 +69,11 @@ class _Program(nn.Module):
         model.setup_caches(batch_size=batch_size, dtype=dtype, decoder_max_seq_len=max_seq_len)
 
     def empty_state(self) -> list[torch.Tensor]:
-        return [torch.zeros_like(t) for t in cache_tensors(self.model)]
+        """Fresh zeros of the caches' shapes (built from shapes, not from the cache tensors,
+        which a trace would treat as constants)."""
+        return [
+            torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in cache_tensors(self.model)
+        ]
 
     def _run(self, tokens, input_pos, mask, state):
         _load_state(self.model, state)
@@ -105,6 +110,29 @@ def export_programs(
     for layer in model.layers:
         layer.attn.kv_cache, layer.attn.cache_enabled = None, False
     return prefill_ep, decode_ep
+
+
+def save_program(program: torch.export.ExportedProgram, path, aoti: bool = False) -> Path:
+    """Write an exported program atomically: torch.export's archive, or (aoti) an
+    AOTInductor-compiled package of it (native code for this machine's device)."""
+    from ..training.files import atomic_write
+
+    if aoti:
+        from torch._inductor import aoti_compile_and_package
+
+        return atomic_write(
+            path, lambda tmp: aoti_compile_and_package(program, package_path=str(tmp))
+        )
+    return atomic_write(path, lambda tmp: torch.export.save(program, tmp))
+
+
+def load_program(path, aoti: bool = False):
+    """A callable with the program's call convention, from :func:`save_program`'s file."""
+    if aoti:
+        from torch._inductor import aoti_load_package
+
+        return aoti_load_package(str(path))
+    return torch.export.load(path).module()
 
 
 def causal_mask(batch_size: int, max_seq_len: int) -> torch.Tensor:
