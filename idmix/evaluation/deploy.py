@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..generation import release_caches
+
 QUANT_MODES = ("int8_weight_only", "int8_dynamic")
 
 
@@ -107,8 +109,7 @@ def export_programs(
         state = decode.empty_state()
         step = (tokens[:, :1], pos[:, :1], mask[:, prompt_len : prompt_len + 1], *state)
         decode_ep = torch.export.export(decode, step)
-    for layer in model.layers:
-        layer.attn.kv_cache, layer.attn.cache_enabled = None, False
+    release_caches(model)
     return prefill_ep, decode_ep
 
 
