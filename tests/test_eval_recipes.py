@@ -3,10 +3,14 @@ JSON and plot (or programs), and never replaces a finished result without overwr
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
 
 from tests.helpers import save_tiny_export
 
@@ -18,6 +22,23 @@ def tune_run(recipe, config, *overrides):
     cmd = [TUNE, "run", f"recipes/{recipe}.py", "--config", f"recipes/configs/{config}.yaml"]
     out = subprocess.run([*cmd, *overrides], cwd=ROOT, capture_output=True, text=True, timeout=600)
     return out
+
+
+@pytest.mark.parametrize(
+    "recipe, configs",
+    [
+        ("evaluate", ["eval_tiny", "eval_paper_suite"]),
+        ("length_extrapolation", ["length_extrapolation_tiny"]),
+        ("train_recall", ["recall_tiny"]),
+        ("quantize_interdomain", ["quantize_tiny"]),
+        ("generate", ["generate_tiny"]),
+    ],
+)
+def test_configs_set_exactly_the_recipe_keys(recipe, configs):
+    module = importlib.import_module(f"recipes.{recipe}")
+    for name in configs:
+        cfg = OmegaConf.load(ROOT / "recipes" / "configs" / f"{name}.yaml")
+        assert set(cfg.keys()) == module.KEYS, name
 
 
 def ok(out):

@@ -135,13 +135,16 @@ def test_existing_run_is_never_overwritten_and_checkpoint_must_match(tmp_path):
 
 
 PRETRAIN_CONFIGS = sorted(
-    p.name for p in CONFIGS.glob("*.yaml") if not p.name.startswith("generate")
+    p.name for p in CONFIGS.glob("*.yaml") if p.name.startswith(("tiny_", "paper_"))
 )
 
 
 @pytest.mark.parametrize("name", PRETRAIN_CONFIGS)
 def test_config_parses_and_builds_on_meta(name):
     from torchtune import config
+
+    import idmix.models  # noqa: F401 (imported outside the meta device: tensordict's import
+    # calls .item(), which meta tensors refuse)
 
     cfg = OmegaConf.load(CONFIGS / name)
     with torch.device("meta"):
