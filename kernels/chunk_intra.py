@@ -31,6 +31,13 @@ def _configs():
 
 
 @triton.jit
+def _program_bhn(H, N):
+    """(program id, batch, head, chunk) of a (B·H·N,) grid, int64 for the offsets."""
+    pid = tl.program_id(0).to(tl.int64)
+    return pid, pid // (H * N), (pid // N) % H, pid % N
+
+
+@triton.jit
 def _doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL: tl.constexpr):
     """(valid (BL,), same (BL, BL)): no start in [chunk start, t]; t and s in one document."""
     ll = tl.arange(0, BL)
@@ -90,8 +97,7 @@ def _pass1_kernel(
     s_pb, s_ph, s_pn, s_pl,
     HAS_RESET: tl.constexpr, BL: tl.constexpr, BR: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
-    b, h, n = pid // (H * N), (pid // N) % H, pid % N
+    pid, b, h, n = _program_bhn(H, N)
     ll, rr, mm = tl.arange(0, BL), tl.arange(0, BR), tl.arange(0, BM)
     in_l, in_r = ll < L, rr < R
     q_base = q_ptr + b * s_qb + h * s_qh + n * s_qn
@@ -132,8 +138,7 @@ def _pass2_kernel(
     s_ob, s_oh, s_on, s_ol,
     HAS_RESET: tl.constexpr, BL: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
-    b, h, n = pid // (H * N), (pid // N) % H, pid % N
+    pid, b, h, n = _program_bhn(H, N)
     ll, dd, mm = tl.arange(0, BL), tl.arange(0, BD), tl.arange(0, BM)
     in_l, in_d = ll < L, dd < D
     w_re, w_im = _load_pairs(w_ptr + b * s_wb + h * s_wh + n * s_wn, ll, mm, s_wl, L, M)

@@ -18,6 +18,7 @@ from .chunk_intra import (
     _configs,
     _doc_masks,
     _load_pairs,
+    _program_bhn,
     _reset_args,
     _shear_in,
     _shear_out,
@@ -41,8 +42,7 @@ def _pass2_bwd_kernel(
     s_xb, s_xh, s_xn, s_xd,
     HAS_RESET: tl.constexpr, BL: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
-    b, h, n = pid // (H * N), (pid // N) % H, pid % N
+    pid, b, h, n = _program_bhn(H, N)
     ll, dd, mm = tl.arange(0, BL), tl.arange(0, BD), tl.arange(0, BM)
     in_l, in_d = ll < L, dd < D
     ld = in_l[:, None] & in_d[None, :]
@@ -108,8 +108,7 @@ def _pass1_bwd_kernel(
     s_xb, s_xh, s_xn, s_xr,
     HAS_RESET: tl.constexpr, BL: tl.constexpr, BR: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
-    b, h, n = pid // (H * N), (pid // N) % H, pid % N
+    pid, b, h, n = _program_bhn(H, N)
     ll, rr, mm = tl.arange(0, BL), tl.arange(0, BR), tl.arange(0, BM)
     in_l, in_r = ll < L, rr < R
     lr = in_l[:, None] & in_r[None, :]

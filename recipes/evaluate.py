@@ -22,8 +22,9 @@ from omegaconf import DictConfig, OmegaConf
 from torchtune import config
 
 from idmix.evaluation.lm_eval_model import IdmixLM
-from idmix.evaluation.report import markdown_table, write_text
+from idmix.evaluation.report import markdown_table
 from idmix.training.checkpoint import load_exported_model
+from idmix.training.files import atomic_write_text
 from recipes._common import check_keys, fresh_outputs
 
 KEYS = {
@@ -76,8 +77,8 @@ def main(cfg: DictConfig) -> None:
         rows.append(("mean of accuracies", "", sum(accuracies) / len(accuracies)))
     table = make_table(results) + "\n" + markdown_table(("task", "metric", "value"), rows)
     text = json.dumps(results, indent=1, default=handle_non_serializable)
-    write_text(out / "results.json", text)
-    write_text(out / "results.md", table)
+    atomic_write_text(out / "results.json", text)
+    atomic_write_text(out / "results.md", table)
     print(table)
     print(f"results: {out / 'results.json'}, {out / 'results.md'}")
 

@@ -15,8 +15,10 @@ from torchtune import config
 from tqdm import tqdm
 
 from idmix.evaluation.extrapolation import perplexity_by_context, token_stream
-from idmix.evaluation.report import line_plot, markdown_table, write_json, write_text
+from idmix.evaluation.report import markdown_table
 from idmix.training.checkpoint import load_exported_model
+from idmix.training.files import atomic_write_json, atomic_write_text
+from idmix.training.plots import line_plot
 from recipes._common import check_keys, fresh_outputs
 
 KEYS = {
@@ -49,8 +51,8 @@ def main(cfg: DictConfig) -> None:
         f"Validation perplexity by context length (trained at {cfg.train_seq_len}; "
         f"{cfg.num_tokens:,} tokens scored at each length)\n\n" + markdown_table(header, rows)
     )
-    write_text(out / f"{NAME}.md", table)
-    write_json(out / f"{NAME}.json", {"lengths": lengths, "perplexity": ppl})
+    atomic_write_text(out / f"{NAME}.md", table)
+    atomic_write_json(out / f"{NAME}.json", {"lengths": lengths, "perplexity": ppl})
     line_plot(
         {"validation": {name: (lengths, [p[L] for L in lengths]) for name, p in ppl.items()}},
         out / f"{NAME}.png",

@@ -28,6 +28,7 @@ from torchtune.modules import TransformerSelfAttentionLayer
 from tqdm import tqdm
 
 from idmix.training import checkpoint as ckpt
+from idmix.training.files import atomic_write_json
 from idmix.training.optim import param_groups, warmup_cosine
 from idmix.training.packing import PackedStream, cycling_documents, streaming_documents
 from idmix.training.plots import plot_history
@@ -299,7 +300,7 @@ class PretrainRecipe:
 
     def _write_results(self) -> None:
         if self.rank == 0:
-            ckpt.atomic_write_json(self.out / "history.json", self.history)
+            atomic_write_json(self.out / "history.json", self.history)
             plot_history(self.history, self.out / "loss_curve.png", Path(self.out).name)
         if self.step == self.total_steps:
             model_config = OmegaConf.to_container(self.cfg.model)

@@ -14,7 +14,6 @@ quantize_report.{md,json} to output_dir.
 from __future__ import annotations
 
 import io
-import math
 import sys
 import time
 
@@ -32,10 +31,10 @@ from idmix.evaluation.deploy import (
     quantize_linears,
     save_program,
 )
-from idmix.evaluation.extrapolation import token_stream
-from idmix.evaluation.report import markdown_table, write_json, write_text
-from idmix.evaluation.scoring import sequence_nll
+from idmix.evaluation.extrapolation import perplexity_by_context, token_stream
+from idmix.evaluation.report import markdown_table
 from idmix.training.checkpoint import load_exported_model
+from idmix.training.files import atomic_write_json, atomic_write_text
 from recipes._common import check_keys, fresh_outputs
 
 KEYS = {
@@ -50,11 +49,6 @@ def weight_bytes(model) -> int:
     return buf.tell()
 
 
-def perplexity(model, stream, seq_len, eval_tokens) -> float:
-    nll = sequence_nll(model, stream[: eval_tokens + 1], seq_len)
-    return math.exp(nll.double().mean().item())
-
-
 def timed(fn) -> tuple[torch.Tensor, float]:
     t0 = time.perf_counter()
     out = fn()
@@ -65,7 +59,9 @@ def measure(model, name, cfg, stream, prompt, out) -> dict:
     """One row of the report; writes the model's exported (and AOT-compiled) programs."""
     S = cfg.prompt_len + cfg.new_tokens
     row = {"weights_bytes": weight_bytes(model)}
-    row["val_ppl"] = perplexity(model, stream, cfg.seq_len, cfg.eval_tokens)
+    row["val_ppl"] = perplexity_by_context(model, stream, [cfg.seq_len], cfg.eval_tokens)[
+        cfg.seq_len
+    ]
     new, secs = timed(lambda: generate(model, prompt.tolist(), cfg.new_tokens, temperature=0))
     tokens = torch.tensor(new)
     row["eager_tok_s"] = cfg.new_tokens / secs
@@ -140,8 +136,8 @@ def main(cfg: DictConfig) -> None:
         f"{cfg.seq_len}); greedy decode of {cfg.new_tokens} tokens after a {cfg.prompt_len}-token "
         "prompt, batch 1, CPU\n\n" + markdown_table(header, table_rows)
     )
-    write_text(out / "quantize_report.md", table)
-    write_json(out / "quantize_report.json", rows)
+    atomic_write_text(out / "quantize_report.md", table)
+    atomic_write_json(out / "quantize_report.json", rows)
     print(table)
     print(f"results: {out / 'quantize_report.md'} and the .pt2 programs in {out}")
 

@@ -22,8 +22,10 @@ from torchtune import config
 from tqdm import tqdm
 
 from idmix.evaluation import recall
-from idmix.evaluation.report import line_plot, markdown_table, write_json, write_text
+from idmix.evaluation.report import markdown_table
+from idmix.training.files import atomic_write_json, atomic_write_text
 from idmix.training.optim import param_groups, warmup_cosine
+from idmix.training.plots import line_plot
 from recipes._common import check_keys, fresh_outputs
 
 KEYS = {
@@ -123,8 +125,8 @@ def main(cfg: DictConfig) -> None:
         sizes = list(next(iter(results.values()))[task])
         rows = [[m, *(r[task][s] for s in sizes)] for m, r in results.items()]
         table += f"\n{labels[task]}\n\n" + markdown_table(["mixer", *map(str, sizes)], rows)
-    write_text(out / "recall.md", table)
-    write_json(out / "recall.json", results)
+    atomic_write_text(out / "recall.md", table)
+    atomic_write_json(out / "recall.json", results)
     labels = {
         "mqar": "MQAR (pairs)",
         "phonebook": "phonebook (entries)",

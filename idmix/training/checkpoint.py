@@ -15,7 +15,6 @@ and pointer intact.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -31,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from .files import atomic_write
+from .files import atomic_write, atomic_write_text
 
 
 def _rank() -> int:
@@ -41,10 +40,6 @@ def _rank() -> int:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=1)))
 
 
 def rng_state() -> dict:
@@ -73,7 +68,7 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, extra: dict) -> 
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        atomic_write(root / "latest", lambda tmp: tmp.write_text(final.name + "\n"))
+        atomic_write_text(root / "latest", final.name + "\n")
     _barrier()
     return final
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -18,3 +19,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=1))

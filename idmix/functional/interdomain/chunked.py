@@ -160,6 +160,17 @@ def _bmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tenso
     return out.view(acc.shape)
 
 
+def _chunk_starts(zT, dec: ChunkDecays, Z0, masks=None, kernels=None):
+    """The inter-chunk pass of one segment. Returns (zc: the inputs that reach their chunk's
+    end (zT masked by document), chunk-start states (B, H, N, R+D, 2M), Z_end (complex))."""
+    zc = zT if masks is None else zT * masks.contrib
+    inc = (zc.flatten(2, 3) @ dec.end).view(
+        *zT.shape[:3], -1, dec.end.shape[-1]
+    )  # Σ βλ^{L-1-s} z_s
+    starts, Z_end = _scan(_c(inc), _c(Z0), _c(dec.chunk), masks, kernels)
+    return zc, _r(starts), Z_end
+
+
 def _segment_forward(
     q, zT, dec: ChunkDecays, G_hat, Z0, masks=None, keep: bool = False, kernels=None
 ):
@@ -172,10 +183,8 @@ def _segment_forward(
     B, H, N, L, R = q.shape
     kT, v = zT[..., :R, :], zT[..., R:, :].mT
     f = _Saved()
-    f.zT = zT if masks is None else zT * masks.contrib  # inputs that reach the chunk end
-    inc = (f.zT.flatten(2, 3) @ dec.end).view(B, H, N, -1, dec.end.shape[-1])  # Σ β λ^{L-1-s} z_s
-    starts, Z_end = _scan(_c(inc), _c(Z0), _c(dec.chunk), masks, kernels)
-    f.starts = starts = _r(starts)  # (B, H, N, R+D, 2M) chunk-start states
+    f.zT, starts, Z_end = _chunk_starts(zT, dec, Z0, masks, kernels)
+    f.starts = starts
     if kernels is not None and not keep:
         reset = None if masks is None else masks.reset
         p = kernels.intra_chunk_pass1(q, zT, starts, dec.start, dec.end, reset)
@@ -275,9 +284,7 @@ def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks=None
         g = _intra_backward_torch(f, q, zT, dec, G_hat, do, masks)
         starts, zc = f.starts, f.zT
     else:  # only the chunk-start states are recomputed here; the passes recompute inside
-        zc = zT if masks is None else zT * masks.contrib
-        inc = (zc.flatten(2, 3) @ dec.end).view(*zT.shape[:3], -1, dec.end.shape[-1])
-        starts = _r(_scan(_c(inc), _c(Z0), _c(dec.chunk), masks, kernels)[0])
+        zc, starts, _ = _chunk_starts(zT, dec, Z0, masks, kernels)
         g = _intra_backward_kernels(kernels, starts, q, zT, dec, G_hat, do, masks)
     g_inc, dZ0 = _scan_adjoint(_c(g.dS), _c(dZ_end), _c(dec.chunk), masks, kernels)
     g_inc = _r(g_inc)  # gradient of each chunk's increment, (B, H, N, R+D, 2M)
