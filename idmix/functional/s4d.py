@@ -11,13 +11,18 @@ import math
 import torch
 
 
-def s4d_inv_init(num_heads: int, num_modes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """S4D-Inv: Re A = -1/2, Im A_n = (M/π)(M/(2n+1) - 1), n = 0..M-1.
+def s4d_inv_init(
+    num_heads: int, num_modes: int, state_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """S4D-Inv: Re A = -1/2, Im A_n = (N/π)(N/(2n+1) - 1), n = 0..M-1, with N = state_size.
 
-    Returns (log_A_real, A_imag), each (H, M) float32.
+    N = M (default) is the paper's formula read literally: for n >= M/2 the frequencies are
+    negative. N = 2M is S4D's own convention (N real states = M conjugate pairs): every
+    frequency positive. Returns (log_A_real, A_imag), each (H, M) float32.
     """
+    N = state_size or num_modes
     n = torch.arange(num_modes, dtype=torch.float64)
-    imag = (num_modes / math.pi) * (num_modes / (2 * n + 1) - 1)
+    imag = (N / math.pi) * (N / (2 * n + 1) - 1)
     log_real = torch.full((num_modes,), math.log(0.5), dtype=torch.float64)
     return (
         log_real.expand(num_heads, -1).float().clone(),

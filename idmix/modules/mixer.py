@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..functional import interdomain_attention_real, interdomain_decode_step_real
+from ..functional import interdomain_attention_real, interdomain_decode_step_real, rope
 from ..functional.interdomain.realform import interleaved_to_state, state_to_interleaved
 from ..functional.s4d_readout import s4d_linear_readout, s4d_linear_step
 from .base import CachedMixer
@@ -24,6 +24,8 @@ from .ssm import S4DCore
 
 INPUT_PATHS = ("dual_kv", "generic")
 READOUTS = ("query", "linear")
+ROPE_POSITIONS = ("before_feature_map", "last")
+CALIBRATIONS = ("per_head", "global", "none")
 
 
 class SSMMixer(CachedMixer):
@@ -44,6 +46,11 @@ class SSMMixer(CachedMixer):
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
         num_state_groups: int | None = None,
+        rope_position: str = "before_feature_map",
+        a_init: str = "s4d_inv",
+        calibration: str = "global",
+        output_norm: bool = False,
+        value_conv: bool = False,
     ):
         super().__init__()
         G = num_state_groups or num_heads
@@ -67,9 +74,18 @@ class SSMMixer(CachedMixer):
             readout_convention,
         )
         self.chunk_size = chunk_size
+        if rope_position not in ROPE_POSITIONS:
+            raise ValueError(
+                f"rope_position: expected one of {ROPE_POSITIONS}, got {rope_position!r}"
+            )
+        self.rope_last, self.rope_base = use_rope and rope_position == "last", rope_base
+        if calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration: expected one of {CALIBRATIONS}, got {calibration!r}")
+        self.calibration = calibration
+        rope_in_branch = use_rope and rope_position == "before_feature_map"
         kw = dict(rope_base=rope_base)
         self.query = (
-            Branch(embed_dim, H, conv=True, use_rope=use_rope, feature_map=True, **kw)
+            Branch(embed_dim, H, conv=True, use_rope=rope_in_branch, feature_map=True, **kw)
             if readout == "query"
             else None
         )
@@ -77,14 +93,15 @@ class SSMMixer(CachedMixer):
         # With grouped state (G < H), the two input halves and the SSM have G heads and every
         # query head reads the (U, Γ) of its group, like GQA: the state shrinks H/G times.
         self.branch_a = Branch(
-            embed_dim, G, head_dim=d_h, conv=True, use_rope=use_rope, feature_map=dual, **kw
+            embed_dim, G, head_dim=d_h, conv=True, use_rope=rope_in_branch, feature_map=dual, **kw
         )
-        self.branch_b = Branch(embed_dim, G, head_dim=d_h, conv=not dual, **kw)
+        self.branch_b = Branch(embed_dim, G, head_dim=d_h, conv=not dual or value_conv, **kw)
         self.norm_a, self.norm_b = HeadNorm(G, d_h, norm_eps), HeadNorm(G, d_h, norm_eps)
-        self.ssm = S4DCore(G, num_modes, dt_min, dt_max)
+        self.ssm = S4DCore(G, num_modes, dt_min, dt_max, a_init=a_init)
         if readout == "linear":
             self.mode_weights = nn.Parameter(torch.full((H, num_modes), num_modes**-0.5))
             self.c_out = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.out_norm = nn.RMSNorm(d_h, eps=norm_eps) if output_norm else None
         self.gate = nn.Linear(embed_dim, embed_dim, bias=False) if gate else None
         self.output_proj = nn.Linear(embed_dim, embed_dim, bias=False)
 
@@ -119,12 +136,7 @@ class SSMMixer(CachedMixer):
             if T == 1:
                 return self._step(x[:, 0], pos[:, 0], cache)[:, None]
         convs = (None, None, None) if cache is None else (cache.conv_q, cache.conv_a, cache.conv_b)
-        q, cq = None, None
-        if self.query is not None:
-            q, cq = self.query(x, pos, reset, convs[0])
-        a, ca = self.branch_a(x, pos, reset, convs[1])
-        b, cb = self.branch_b(x, pos, reset, convs[2])
-        a, b = self.norm_a(a), self.norm_b(b)
+        (q, a, b), (cq, ca, cb) = self._inputs(x, pos, reset, convs)
         init = None if cache is None else cache.state
         o, state = self._core(q, a, b, init, reset)
         if cache is not None:
@@ -141,6 +153,18 @@ class SSMMixer(CachedMixer):
                 dst.copy_(src)
 
     # internals ---------------------------------------------------------------------------------
+    def _inputs(self, x, pos, reset, convs=(None, None, None)):
+        """The query and the two normalised SSM input halves, with their new conv caches.
+        x: (B, T, d) -> ((q (B, T, H, d_h) or None, a, b (B, T, G, d_h)), (cq, ca, cb))."""
+        q, cq = (None, None) if self.query is None else self.query(x, pos, reset, convs[0])
+        a, ca = self.branch_a(x, pos, reset, convs[1])
+        b, cb = self.branch_b(x, pos, reset, convs[2])
+        a, b = self.norm_a(a), self.norm_b(b)
+        if self.rope_last:  # relative: R_s k̃ · R_t ξ(q) depends on t - s only
+            q = None if q is None else rope(q, pos, self.rope_base)
+            a = rope(a, pos, self.rope_base)
+        return (q, a, b), (cq, ca, cb)
+
     def _core(self, q, a, b, init, reset=None):
         """q: (B, T, H, d_h); a, b: (B, T, G, d_h); init: (B, G, 2d_h, 2M) real state or None;
         reset: (B, T) bool document starts or None. Returns (o: (B, T, H, d_h), final state)."""
@@ -188,6 +212,8 @@ class SSMMixer(CachedMixer):
         return torch.einsum("hmn,hm->hn", C, self.mode_weights.float().to(C.dtype))
 
     def _output(self, x, o):
+        if self.out_norm is not None:
+            o = self.out_norm(o)
         o = o.flatten(-2)  # (B, T, d)
         if self.readout == "linear":
             o = self.c_out(o)
@@ -209,6 +235,9 @@ class SSMMixer(CachedMixer):
             if src is not None:
                 dst.copy_(src)
         a, b = self.norm_a(a), self.norm_b(b)
+        if self.rope_last:
+            q = None if q is None else rope(q[:, None], pos[:, None], self.rope_base)[:, 0]
+            a = rope(a[:, None], pos[:, None], self.rope_base)[:, 0]
         if self.readout == "query":
             lam_ri, beta_ri = self.ssm.discretized_real()
             o = interdomain_decode_step_real(
@@ -233,22 +262,26 @@ class SSMMixer(CachedMixer):
         return self._output(x_t, o)
 
     @torch.no_grad()
-    def calibrate_(self, seq_len: int = 256, seed: int = 0) -> float:
-        """Rescale C so that the core's output has unit RMS on unit-variance inputs (init).
+    def calibrate_(self, seq_len: int = 256, seed: int = 0) -> torch.Tensor:
+        """Rescale C so that the core's output has unit RMS on unit-variance inputs (init):
+        one scale for all heads (``calibration="global"``) or one per state head
+        (``"per_head"``: heads with slow decays are not left near zero beside fast ones).
 
-        Returns the scale applied. The output is quadratic in C for the query readout (C enters
-        through CᴴC) and linear for the linear readout.
+        Returns the scales applied, (G,). The output is quadratic in C for the query readout
+        (C enters through CᴴC) and linear for the linear readout.
         """
-        if self.ssm.C_re.is_meta:
-            return 1.0
+        G = self.num_state_groups
+        if self.ssm.C_re.is_meta or self.calibration == "none":
+            return torch.ones(G)
         g = torch.Generator(device="cpu").manual_seed(seed)
         x = torch.randn(1, seq_len, self.embed_dim, generator=g).to(self.output_proj.weight)
         pos, reset = positions_and_resets(None, 1, seq_len, x.device)
-        q = None if self.query is None else self.query(x, pos, reset)[0]
-        a = self.norm_a(self.branch_a(x, pos, reset)[0])
-        b = self.norm_b(self.branch_b(x, pos, reset)[0])
-        rms = self._core(q, a, b, None)[0].float().pow(2).mean().sqrt().item()
-        scale = (1.0 / max(rms, 1e-12)) ** (0.5 if self.readout == "query" else 1.0)
-        self.ssm.C_re.mul_(scale)
-        self.ssm.C_im.mul_(scale)
-        return scale
+        (q, a, b), _ = self._inputs(x, pos, reset)
+        o = self._core(q, a, b, None)[0].float()  # (1, T, H, d_h)
+        ms = o.pow(2).mean(dim=(0, 1, 3)).view(G, -1).mean(-1)  # (G,): per state head
+        if self.calibration == "global":
+            ms = ms.mean().expand(G)
+        scale = ms.clamp_min(1e-24).rsqrt() ** (0.5 if self.readout == "query" else 1.0)
+        self.ssm.C_re.mul_(scale.to(self.ssm.C_re)[:, None, None])
+        self.ssm.C_im.mul_(scale.to(self.ssm.C_im)[:, None, None])
+        return scale.cpu()

@@ -12,7 +12,14 @@ from ..functional import (
     log_uniform_dt,
     readout_gram_real,
     s4d_inv_init,
+    s4d_lin_init,
 )
+
+A_INITS = {
+    "s4d_inv": s4d_inv_init,
+    "s4d_inv_conj": lambda H, M: s4d_inv_init(H, M, state_size=2 * M),
+    "s4d_lin": s4d_lin_init,
+}
 
 
 class S4DCore(nn.Module):
@@ -24,8 +31,19 @@ class S4DCore(nn.Module):
     Parameter count: H(2M² + 2M + 1).
     """
 
-    def __init__(self, num_heads: int, num_modes: int, dt_min=1e-3, dt_max=1e-1, c_scale=None):
+    def __init__(
+        self,
+        num_heads: int,
+        num_modes: int,
+        dt_min=1e-3,
+        dt_max=1e-1,
+        c_scale=None,
+        a_init="s4d_inv",
+    ):
         super().__init__()
+        if a_init not in A_INITS:
+            raise ValueError(f"a_init: expected one of {sorted(A_INITS)}, got {a_init!r}")
+        self.a_init = a_init
         self.num_heads, self.num_modes = num_heads, num_modes
         self.dt_min, self.dt_max = dt_min, dt_max
         self.c_scale = c_scale if c_scale is not None else num_modes**-0.5
@@ -41,7 +59,7 @@ class S4DCore(nn.Module):
     def reset_parameters(self) -> None:
         if self.C_re.is_meta:
             return
-        log_re, im = s4d_inv_init(self.num_heads, self.num_modes)
+        log_re, im = A_INITS[self.a_init](self.num_heads, self.num_modes)
         self.log_A_real.copy_(log_re)
         self.A_imag.copy_(im)
         self.log_dt.copy_(log_uniform_dt(self.num_heads, self.dt_min, self.dt_max))
