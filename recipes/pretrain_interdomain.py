@@ -250,11 +250,14 @@ class PretrainRecipe:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
+        seconds = time.perf_counter() - t0
+        elapsed = self.history[-1].get("elapsed_s", 0.0) if self.history else 0.0
         return {
             "loss": self._mean_across_ranks(loss_sum),
             "lr": lr,
             "grad_norm": float(grad_norm),
-            "tokens_per_s": self.tokens_per_step / (time.perf_counter() - t0),
+            "tokens_per_s": self.tokens_per_step / seconds,
+            "elapsed_s": elapsed + seconds,  # training time so far (validation excluded)
         }
 
     def _due(self, every: int) -> bool:

@@ -14,13 +14,13 @@ def line_plot(
     path: Path,
     *,
     title: str,
-    xlabel: str,
+    xlabel: str | dict[str, str],
     ylabel: str,
     logx: bool = False,
     logy: bool = False,
 ) -> Path:
     """One subplot per panel title -> {line name -> (xs, ys)}, side by side; written atomically
-    as a PNG."""
+    as a PNG. xlabel: one for all panels or {panel title: label}."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,7 +34,7 @@ def line_plot(
             ax.set_xscale("log", base=2)
         if logy:
             ax.set_yscale("log")
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(xlabel[panel] if isinstance(xlabel, dict) else xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(panel)
         ax.grid(alpha=0.3)

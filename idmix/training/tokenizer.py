@@ -64,18 +64,32 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def shakespeare_bpe(vocab_size: int = 4096, cache_dir: str | None = None) -> BPETokenizer:
-    """The embedded corpus's BPE, trained on its train split on first use and cached (keyed by
-    the corpus content and vocab_size); later calls load the cached file."""
-    from .corpus import shakespeare
-
+def cached_bpe(
+    name: str, texts: list[str], vocab_size: int, cache_dir: str | None = None
+) -> BPETokenizer:
+    """A BPE of vocab_size trained on texts on first use and cached on disk as
+    ``<name>-bpe-<vocab_size>-<content hash>.json`` (keyed by the texts and vocab_size, so a
+    changed corpus trains a new one); later calls load the cached file."""
     if vocab_size < 257:
         raise ValueError(f"vocab_size: expected >= 257 (bytes + <|endoftext|>), got {vocab_size}")
-    texts = shakespeare("train")["text"]
     key = hashlib.sha256(("\0".join(texts) + f"|{vocab_size}").encode()).hexdigest()[:16]
-    path = Path(cache_dir or default_cache_dir()) / f"shakespeare-bpe-{vocab_size}-{key}.json"
+    path = Path(cache_dir or default_cache_dir()) / f"{name}-bpe-{vocab_size}-{key}.json"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tokenizer = train_bpe(texts, vocab_size)
         atomic_write(path, lambda tmp: tokenizer.save(str(tmp)))  # ranks never read a partial file
     return BPETokenizer.from_file(path)
+
+
+def shakespeare_bpe(vocab_size: int = 4096, cache_dir: str | None = None) -> BPETokenizer:
+    """The embedded corpus's BPE, trained on its train split (``cached_bpe``)."""
+    from .corpus import shakespeare
+
+    return cached_bpe("shakespeare", shakespeare("train")["text"], vocab_size, cache_dir)
+
+
+def python_stdlib_bpe(vocab_size: int = 4096, cache_dir: str | None = None) -> BPETokenizer:
+    """A BPE for the standard-library code corpus, trained on its train split."""
+    from .corpus import python_stdlib
+
+    return cached_bpe("python-stdlib", python_stdlib("train")["text"], vocab_size, cache_dir)
