@@ -9,18 +9,23 @@ import torch
 from idmix import cache_nbytes, generate, models, release_caches, sample_next
 from idmix.modules import RecurrentCache
 
-MIXERS = ["interdomain", "s4d", "softmax"]
+# name: (mixer, options); "interdomain_options" takes every non-default path of the layer
+BUILDS = {
+    "interdomain": ("interdomain", {"chunk_size": 16}),
+    "interdomain_options": (
+        "interdomain",
+        {"chunk_size": 16, "rope_position": "last", "value_conv": True, "output_norm": True},
+    ),
+    "s4d": ("s4d", {"chunk_size": 16}),
+    "softmax": ("softmax", {}),
+}
+MIXERS = list(BUILDS)
 
 
 @pytest.fixture(scope="module")
 def tiny():
     torch.manual_seed(0)
-    return {
-        m: models.cpu_model(m, "tiny", chunk_size=16)
-        if m != "softmax"
-        else models.cpu_model(m, "tiny")
-        for m in MIXERS
-    }
+    return {name: models.cpu_model(m, "tiny", **kw) for name, (m, kw) in BUILDS.items()}
 
 
 def causal_mask(B, start, T, total):
@@ -80,7 +85,7 @@ def test_packed_documents_equal_separate(tiny, mixer):
     torch.testing.assert_close(out, ref, atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("mixer", ["interdomain", "s4d"])
+@pytest.mark.parametrize("mixer", ["interdomain", "interdomain_options", "s4d"])
 def test_bf16_autocast_close_to_fp32_with_fp32_ssm(tiny, mixer):
     m = tiny[mixer]
     tokens = torch.randint(0, 4096, (2, 64))

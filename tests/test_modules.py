@@ -97,3 +97,28 @@ def test_mixer_errors():
         m.reset_cache()
     with pytest.raises(ValueError, match=r"input_pos: expected \(1, 5\)"):
         m(torch.randn(1, 5, D), input_pos=torch.zeros(2, 5, dtype=torch.long))
+
+
+@pytest.mark.parametrize("cell", ["full", "single_input_query"])
+def test_rope_last_makes_the_layer_shift_invariant(cell):
+    """RoPE applied last (after ξ and the SSM input norm) rotates the stored keys and the query
+    by their own positions, so every score depends on t - s only: shifting all positions
+    changes nothing (query readouts only). RoPE before the feature map (the paper's figure) is an
+    absolute code."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 23, D)
+    pos = torch.arange(23).expand(2, 23)
+    last = ablation_cell(cell, D, H, num_modes=M, chunk_size=8, rope_position="last")
+    torch.testing.assert_close(last(x, input_pos=pos + 1000), last(x, input_pos=pos))
+    first = ablation_cell(cell, D, H, num_modes=M, chunk_size=8)
+    assert not torch.allclose(first(x, input_pos=pos + 1000), first(x, input_pos=pos), atol=1e-4)
+
+
+def test_new_options_are_checked():
+    for kwargs, name in [
+        ({"rope_position": "middle"}, "rope_position"),
+        ({"calibration": "twice"}, "calibration"),
+        ({"a_init": "hippo"}, "a_init"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            InterdomainAttention(D, H, num_modes=M, **kwargs)
