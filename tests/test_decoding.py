@@ -14,7 +14,7 @@ BUILDS = {
     "interdomain": ("interdomain", {"chunk_size": 16}),
     "interdomain_options": (
         "interdomain",
-        {"chunk_size": 16, "rope_position": "last", "value_conv": True, "output_norm": True},
+        {"chunk_size": 16, "rope_position": "last", "value_conv": True, "calibration": "per_head"},
     ),
     "s4d": ("s4d", {"chunk_size": 16}),
     "softmax": ("softmax", {}),

@@ -44,6 +44,9 @@ def test_options_change_the_layer():
     assert not torch.allclose(prod(x), base(x))
     assert params(S4DMixer(D, H, num_modes=M)) == params(base) + H * M
     assert params(SoftmaxAttention(D, H)) == 4 * D * D
+    normed = InterdomainAttention(D, H, num_modes=M, output_norm=True)
+    assert params(normed) == params(base) + D // H
+    assert params(InterdomainAttention(D, H, num_modes=M, value_conv=True)) == params(base) + 5 * D
 
 
 def test_grouped_state_equals_tied_heads():

@@ -212,8 +212,8 @@ class SSMMixer(CachedMixer):
         return torch.einsum("hmn,hm->hn", C, self.mode_weights.float().to(C.dtype))
 
     def _output(self, x, o):
-        if self.out_norm is not None:
-            o = self.out_norm(o)
+        if self.out_norm is not None:  # in fp32: it amplifies near-zero outputs (early positions)
+            o = self.out_norm(o.float()).to(o.dtype)
         o = o.flatten(-2)  # (B, T, d)
         if self.readout == "linear":
             o = self.c_out(o)
