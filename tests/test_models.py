@@ -142,3 +142,20 @@ def test_torchtune_fsdp2_shards_our_blocks(tmp_path):
         assert torch.allclose(out, ref, atol=1e-5)
     finally:
         dist.destroy_process_group()
+
+
+def test_unknown_mixer_option_names_the_key():
+    with pytest.raises(ValueError, match=r"unknown \['mixer_kwargs'\] for mixer 'interdomain'"):
+        models.interdomain_tiny(mixer_kwargs={"dt_min": 0.01})
+    with pytest.raises(ValueError, match=r"unknown \['readout'\]"):
+        models.s4d_tiny(readout="query")
+
+
+def test_cpu_builders_carry_the_study_defaults_and_the_paper_stays_one_argument_away():
+    layer = models.interdomain_tiny().layers[0].attn
+    assert layer.ssm.dt_min == 1e-2 and layer.rope_last
+    assert models.s4d_small().layers[0].attn.ssm.dt_min == 1e-2
+    paper = models.interdomain_tiny(dt_min=1e-3, rope_position="before_feature_map")
+    assert paper.layers[0].attn.ssm.dt_min == 1e-3 and not paper.layers[0].attn.rope_last
+    with torch.device("meta"):  # the paper's sizes keep the paper's choices
+        assert not models.interdomain_125m().layers[0].attn.rope_last

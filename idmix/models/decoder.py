@@ -7,6 +7,7 @@ checkpointing apply to our blocks unchanged. torchtune is imported here, at buil
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 
@@ -24,8 +25,23 @@ def swiglu_hidden_dim(embed_dim: int) -> int:
     return math.ceil(8 * embed_dim / 3 / 128) * 128
 
 
+def _check_options(kind: str, kwargs: dict) -> None:
+    """A config typo (e.g. ``model.mixer_kwargs.dt_min=…``) fails here, naming the key, instead
+    of as a TypeError deep inside a mixer's constructor."""
+    fixed = {"self", "embed_dim", "num_heads", "input_path", "readout"}  # set by the kind
+    known = set(inspect.signature(SSMMixer.__init__).parameters) - fixed
+    if kind == "softmax":
+        known = {"rope_base", "use_rope", *known}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ValueError(
+            f"mixer options: unknown {unknown} for mixer {kind!r}; known: {sorted(known)}"
+        )
+
+
 def mixer_factory(kind: str, embed_dim: int, num_heads: int, **kwargs) -> MixerFactory:
     """layer_idx -> mixer for kind "interdomain", "softmax", "s4d" or an ablation cell name."""
+    _check_options(kind, kwargs)
     if kind == "interdomain":
         return lambda _: InterdomainAttention(embed_dim, num_heads, **kwargs)
     if kind == "s4d":
