@@ -6,6 +6,19 @@
 - use_rope: RoPE on the query branch and on the first input half (k or a).
 Both halves then go through "N+b" (HeadNorm) and one per-head complex S4D core (S4DCore).
 The layer follows torchtune's attention contract, so it drops into TransformerSelfAttentionLayer.
+
+Choices the paper leaves open or that docs/science.md studied (defaults: the paper's reading):
+- rope_position: "before_feature_map" (Fig. 3: SC -> RoPE -> ξ; an absolute code, since SiLU
+  does not commute with the rotation) or "last" (after ξ and N+b on the key half, after ξ on
+  the query: every query-key score depends on t - s only);
+- dt_min, dt_max: the log-uniform Δ range; the slowest mode's time constant is
+  1/(|Re A|·dt_min) tokens and should fit inside the training context;
+- a_init: "s4d_inv" (the paper's formula, n = 0..M-1), "s4d_inv_conj" (S4D's N = 2M),
+  "s4d_lin";
+- calibration: C rescaled at init so the core output has unit RMS, "global", "per_head" or
+  "none";
+- output_norm: RMSNorm over each head's output before W_O (not in the paper);
+- value_conv: a short conv on the value branch too (not in the paper).
 """
 
 from __future__ import annotations
