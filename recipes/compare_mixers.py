@@ -27,7 +27,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from torchtune import config
 
@@ -313,7 +312,6 @@ def _plots(cfg, results, out: Path, lengths) -> None:
 def main(cfg: DictConfig) -> None:
     _check(cfg)
     out = fresh_outputs(cfg.output_dir, RESULTS, cfg.overwrite)
-    torch.manual_seed(0)
     results = _study(cfg, out)
     print(_write(cfg, results, out))
     print(f"results: {', '.join(str(out / n) for n in RESULTS)}")
