@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..training.optim import SSM_PARAM_MARKERS
+
 
 def _mixers(model):
     return [layer.attn for layer in model.layers]
@@ -63,7 +65,7 @@ def ssm_gradient_stats(model, tokens: torch.Tensor) -> dict[str, dict[str, float
     named = {
         name: p
         for name, p in model.named_parameters()
-        if ".ssm." in name or ".norm_a." in name or ".norm_b." in name
+        if any(m in f".{name}" for m in SSM_PARAM_MARKERS)  # the optimiser's SSM group
     }
     if not named:
         return {}

@@ -172,11 +172,16 @@ class SSMMixer(CachedMixer):
         q, cq = (None, None) if self.query is None else self.query(x, pos, reset, convs[0])
         a, ca = self.branch_a(x, pos, reset, convs[1])
         b, cb = self.branch_b(x, pos, reset, convs[2])
-        a, b = self.norm_a(a), self.norm_b(b)
-        if self.rope_last:  # relative: R_s k̃ · R_t ξ(q) depends on t - s only
-            q = None if q is None else rope(q, pos, self.rope_base)
-            a = rope(a, pos, self.rope_base)
-        return (q, a, b), (cq, ca, cb)
+        q, a = self._rope_last(q, self.norm_a(a), pos)
+        return (q, a, self.norm_b(b)), (cq, ca, cb)
+
+    def _rope_last(self, q, a, pos):
+        """With rope_position="last", RoPE on ξ(q) and on the normalised key half, so that
+        R_s k̃ · R_t ξ(q) depends on t - s only. q, a: (B, T, ·, d_h); pos: (B, T)."""
+        if not self.rope_last:
+            return q, a
+        q = None if q is None else rope(q, pos, self.rope_base)
+        return q, rope(a, pos, self.rope_base)
 
     def _core(self, q, a, b, init, reset=None):
         """q: (B, T, H, d_h); a, b: (B, T, G, d_h); init: (B, G, 2d_h, 2M) real state or None;
@@ -248,9 +253,9 @@ class SSMMixer(CachedMixer):
             if src is not None:
                 dst.copy_(src)
         a, b = self.norm_a(a), self.norm_b(b)
-        if self.rope_last:
-            q = None if q is None else rope(q[:, None], pos[:, None], self.rope_base)[:, 0]
-            a = rope(a[:, None], pos[:, None], self.rope_base)[:, 0]
+        if self.rope_last:  # one position: the sequence form at T = 1
+            q, a = self._rope_last(None if q is None else q[:, None], a[:, None], pos[:, None])
+            q, a = None if q is None else q[:, 0], a[:, 0]
         if self.readout == "query":
             lam_ri, beta_ri = self.ssm.discretized_real()
             o = interdomain_decode_step_real(
