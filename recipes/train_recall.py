@@ -1,23 +1,26 @@
 """Train small models of each mixer on the synthetic recall probes, then measure them.
 
     tune run recipes/train_recall.py --config recipes/configs/recall_tiny.yaml
+    tune run recipes/train_recall.py --config recipes/configs/recall_mqar.yaml
 
-Training cycles through train_tasks (MQAR, phonebook, passkey) at seq_len, one task per step
-at a random size.
-Evaluation (exact match, teacher-forced argmax ⇔ greedy): MQAR by number of pairs, phonebook
-by list size, passkey by context length (beyond seq_len: extrapolation). Writes
-recall.{md,json,png} to output_dir.
+Training cycles through the `train` settings (task, seq_len, size range), one per step, at a
+size drawn uniformly from the range. Every mixer is trained once per learning rate in `lrs`;
+the rate with the best mean exact match on a validation draw (its own generator seed) is kept,
+and its scores on a separate test draw are reported (the sweep-and-report-the-best practice of
+MQAR benchmarks, without choosing on the reported rows). Exact match is teacher-forced argmax,
+which equals greedy decoding of the whole answer. Writes recall.{md,json,png} to output_dir.
 """
 
 from __future__ import annotations
 
 import random
+import statistics
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 from torchtune import config
 from tqdm import tqdm
 
@@ -29,46 +32,86 @@ from idmix.training.plots import line_plot
 from recipes._common import check_keys, fresh_outputs
 
 KEYS = {
-    "model", "mixers", "train_tasks", "seq_len", "batch_size", "steps", "lr", "warmup_steps",
-    "weight_decay", "ssm_lr_cap", "train_mqar_pairs", "train_phonebook_entries", "eval_mqar_pairs",
-    "eval_phonebook_entries", "eval_passkey_lengths", "eval_examples", "seed", "device",
+    "model", "mixers", "vocab_size", "train", "evaluate", "batch_size", "steps", "lrs",
+    "warmup_steps", "weight_decay", "ssm_lr_cap", "eval_examples", "seed", "device",
     "output_dir", "overwrite",
 }  # fmt: skip
 RESULTS = ("recall.md", "recall.json", "recall.png")
-PHONEBOOK_ENTRY = 6  # name (2) + number (3) + SEP
+SIZED = ("mqar", "phonebook")  # passkey's difficulty is its seq_len
+LABELS = {"mqar": "MQAR", "phonebook": "phonebook", "passkey": "passkey"}
+X_AXIS = {"mqar": "key-value pairs", "phonebook": "entries", "passkey": "context length"}
 
 
-def eval_points(cfg) -> list[tuple[str, int, int]]:
-    """(task, size, seq_len) of every measurement; phonebook rows grow with the list."""
-    points = [("mqar", n, cfg.seq_len) for n in cfg.eval_mqar_pairs]
-    for n in cfg.eval_phonebook_entries:
-        need = n * PHONEBOOK_ENTRY + 8
-        points.append(("phonebook", n, max(cfg.seq_len, -(-need // 64) * 64)))
-    points += [("passkey", L, L) for L in cfg.eval_passkey_lengths]
-    return points
+def _setting(entry, where: str, sized_as: type) -> tuple[str, int, object]:
+    """(task, seq_len, size) of one `train`/`evaluate` entry, checked."""
+    check_keys(entry, ("task", "seq_len", "size"), where)
+    task = entry.get("task")
+    if task not in recall.TASKS:
+        raise ValueError(f"{where}.task: expected one of {recall.TASKS}, got {task!r}")
+    seq_len = entry.get("seq_len")
+    if not isinstance(seq_len, int) or seq_len < 16:
+        raise ValueError(f"{where}.seq_len: expected an int ≥ 16, got {seq_len!r}")
+    if task not in SIZED:
+        return task, seq_len, None
+    size = entry.get("size")
+    if sized_as is list:
+        size = list(size) if isinstance(size, ListConfig) else size
+        if not _is_range(size):
+            raise ValueError(f"{where}.size: expected [lo, hi] with 1 ≤ lo ≤ hi, got {size!r}")
+        size = tuple(size)
+    elif not isinstance(size, int) or size < 1:
+        raise ValueError(f"{where}.size: expected a positive int, got {size!r}")
+    return task, seq_len, size
 
 
-def check(cfg, model) -> None:
-    if model.output.out_features < recall.VOCAB_SIZE:
-        raise ValueError(f"model: vocab_size must be ≥ {recall.VOCAB_SIZE} (the probes' tokens)")
-    if 4 * max(cfg.train_mqar_pairs) > cfg.seq_len:
-        raise ValueError(f"train_mqar_pairs: {max(cfg.train_mqar_pairs)} pairs need 4× tokens")
-    for task, size, seq_len in eval_points(cfg):
+def _is_range(size) -> bool:
+    return (
+        isinstance(size, list)
+        and len(size) == 2
+        and all(isinstance(n, int) for n in size)
+        and 1 <= size[0] <= size[1]
+    )
+
+
+def settings(cfg) -> tuple[list, list]:
+    """The checked `train` and `evaluate` settings."""
+    for key in ("train", "evaluate"):
+        if not cfg.get(key):
+            raise ValueError(f"config: {key}: expected a non-empty list of settings")
+    train = [_setting(e, f"train[{i}]", list) for i, e in enumerate(cfg.train)]
+    evaluate = [_setting(e, f"evaluate[{i}]", int) for i, e in enumerate(cfg.evaluate)]
+    return train, evaluate
+
+
+def check(cfg, model, train, evaluate) -> None:
+    if model.output.out_features < cfg.vocab_size:
+        raise ValueError(
+            f"model: vocab_size {model.output.out_features} < the probes' vocab_size "
+            f"{cfg.vocab_size}"
+        )
+    for i, (task, seq_len, size) in enumerate(train):
+        if task == "mqar" and 4 * size[1] > seq_len + 1:
+            raise ValueError(f"train[{i}]: {size[1]} pairs need {4 * size[1]} tokens > seq_len")
+    for task, seq_len, _ in train + evaluate:
         if seq_len > model.max_seq_len:
-            raise ValueError(f"{task} at {size}: {seq_len} tokens > max_seq_len")
+            raise ValueError(f"{task}: seq_len {seq_len} > the model's max_seq_len")
 
 
-def train(model, cfg, g: torch.Generator, pick: random.Random, desc: str) -> float:
-    """cfg.steps AdamW steps on mixed tasks; returns the mean loss of the last 10% of steps."""
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.lr, cfg.weight_decay, cfg.ssm_lr_cap))
-    scheduler = warmup_cosine(optimizer, cfg.warmup_steps, cfg.steps, cfg.lr / 10)
-    sizes = {"mqar": cfg.train_mqar_pairs, "phonebook": cfg.train_phonebook_entries}
-    losses, t0 = [], time.perf_counter()
+def label(task: str, seq_len: int, size) -> str:
+    return str(seq_len) if size is None else f"{size}@{seq_len}"
+
+
+def train(model, cfg, lr: float, train_settings, g, pick: random.Random, desc: str) -> float:
+    """cfg.steps AdamW steps cycling through the settings; returns the mean loss of the last
+    10% of steps."""
+    optimizer = torch.optim.AdamW(param_groups(model, lr, cfg.weight_decay, cfg.ssm_lr_cap))
+    scheduler = warmup_cosine(optimizer, cfg.warmup_steps, cfg.steps, lr / 10)
+    losses, tokens, t0 = [], 0, time.perf_counter()
     bar = tqdm(range(cfg.steps), desc=desc)
     for step in bar:
-        task = cfg.train_tasks[step % len(cfg.train_tasks)]
-        lo, hi = sizes.get(task, (0, 0))
-        batch = recall.make_batch(task, cfg.batch_size, cfg.seq_len, pick.randint(lo, hi), g)
+        task, seq_len, size = train_settings[step % len(train_settings)]
+        n = pick.randint(*size) if size else 0
+        batch = recall.make_batch(task, cfg.batch_size, seq_len, n, g, cfg.vocab_size)
         logits = model(batch.inputs.to(cfg.device))
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten().to(cfg.device))
         optimizer.zero_grad(set_to_none=True)
@@ -77,72 +120,104 @@ def train(model, cfg, g: torch.Generator, pick: random.Random, desc: str) -> flo
         optimizer.step()
         scheduler.step()
         losses.append(loss.item())
-        tok_s = (step + 1) * cfg.batch_size * cfg.seq_len / (time.perf_counter() - t0)
+        tokens += batch.inputs.numel()
+        tok_s = tokens / (time.perf_counter() - t0)
         bar.set_postfix(loss=f"{loss.item():.3f}", task=task, tok_s=f"{tok_s:.0f}")
     tail = losses[-max(1, len(losses) // 10) :]
     return sum(tail) / len(tail)
 
 
 @torch.no_grad()
-def evaluate(model, cfg, g: torch.Generator) -> dict[str, dict[int, float]]:
+def evaluate(model, cfg, eval_settings, seed: int) -> dict[str, dict[str, float]]:
+    """{task: {label: exact match}} on eval_examples rows per setting, drawn from seed."""
     model.eval()
-    scores: dict[str, dict[int, float]] = {t: {} for t in recall.TASKS}
-    for task, size, seq_len in eval_points(cfg):
-        batch = recall.make_batch(task, cfg.eval_examples, seq_len, size, g)
+    g = torch.Generator().manual_seed(seed)
+    scores: dict[str, dict[str, float]] = {}
+    for task, seq_len, size in eval_settings:
+        batch = recall.make_batch(task, cfg.eval_examples, seq_len, size or 0, g, cfg.vocab_size)
         logits = model(batch.inputs.to(cfg.device)).cpu()
-        scores[task][size] = recall.exact_match(logits, batch)
+        scores.setdefault(task, {})[label(task, seq_len, size)] = recall.exact_match(logits, batch)
     model.train()
     return scores
+
+
+def _mean(scores: dict[str, dict[str, float]]) -> float:
+    return statistics.fmean(v for s in scores.values() for v in s.values())
+
+
+def sweep(cfg, mixer: str, train_settings, eval_settings) -> dict:
+    """Train `mixer` at every lr; keep the best on the validation draw, report its test draw."""
+    runs = {}
+    for lr in cfg.lrs:
+        torch.manual_seed(cfg.seed)
+        model = config.instantiate(cfg.model, mixer=mixer).to(cfg.device)
+        check(cfg, model, train_settings, eval_settings)
+        g = torch.Generator().manual_seed(cfg.seed)
+        loss = train(model, cfg, lr, train_settings, g, random.Random(cfg.seed), f"{mixer} {lr:g}")
+        val = evaluate(model, cfg, eval_settings, cfg.seed + 2)
+        runs[lr] = {"loss": loss, "val": _mean(val), "model": model}
+    best = max(runs, key=lambda lr: (runs[lr]["val"], -runs[lr]["loss"]))
+    return {
+        "lr": best,
+        "final_train_loss": runs[best]["loss"],
+        "sweep": {str(lr): {"val": r["val"], "loss": r["loss"]} for lr, r in runs.items()},
+        "scores": evaluate(runs[best]["model"], cfg, eval_settings, cfg.seed + 1),
+    }
+
+
+def report(cfg, results: dict, eval_settings) -> str:
+    table = (
+        f"Exact-match accuracy on {cfg.eval_examples} test rows per cell (size@seq_len), "
+        f"{cfg.steps} training steps, probe vocabulary {cfg.vocab_size}; each mixer at the "
+        "learning rate with the best mean exact match on a separate validation draw.\n"
+    )
+    for task in dict.fromkeys(t for t, _, _ in eval_settings):
+        cells = list(next(iter(results.values()))["scores"][task])
+        rows = [[m, r["lr"], *(r["scores"][task][c] for c in cells)] for m, r in results.items()]
+        table += f"\n{LABELS[task]}\n\n" + markdown_table(["mixer", "lr", *cells], rows)
+    rates = list(next(iter(results.values()))["sweep"])
+    rows = [
+        [m, *(f"{r['sweep'][lr]['val']:.3f} ({r['sweep'][lr]['loss']:.3f})" for lr in rates)]
+        for m, r in results.items()
+    ]
+    table += (
+        "\nSweep: mean validation exact match (final training loss) by learning rate\n\n"
+        + markdown_table(["mixer", *rates], rows)
+    )
+    return table
+
+
+def plot(cfg, results: dict, eval_settings, out) -> None:
+    panels = {}
+    for task, seq_len, size in eval_settings:
+        x = seq_len if size is None else size
+        for mixer, r in results.items():
+            xs, ys = panels.setdefault(LABELS[task], {}).setdefault(f"{mixer} (lr {r['lr']:g})", ([], []))
+            xs.append(x)
+            ys.append(r["scores"][task][label(task, seq_len, size)])
+    line_plot(
+        panels,
+        out / "recall.png",
+        title=f"Recall probes ({cfg.steps} steps, vocabulary {cfg.vocab_size})",
+        xlabel={LABELS[t]: X_AXIS[t] for t in recall.TASKS},
+        ylabel="exact match",
+        logx=True,
+    )
 
 
 @config.parse
 def main(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
-    if not cfg.train_tasks or set(cfg.train_tasks) - set(recall.TASKS):
-        raise ValueError(f"config: train_tasks: expected a list from {recall.TASKS}")
+    train_settings, eval_settings = settings(cfg)
+    if not cfg.lrs or any(not lr > 0 for lr in cfg.lrs):
+        raise ValueError(f"config: lrs: expected a list of positive rates, got {cfg.lrs}")
+    recall.Vocabulary(cfg.vocab_size)  # checks it
     out = fresh_outputs(cfg.output_dir, RESULTS, cfg.overwrite)
-    results = {}
-    for mixer in cfg.mixers:
-        torch.manual_seed(cfg.seed)
-        model = config.instantiate(cfg.model, mixer=mixer).to(cfg.device)
-        check(cfg, model)
-        g = torch.Generator().manual_seed(cfg.seed)
-        loss = train(model, cfg, g, random.Random(cfg.seed), desc=f"train {mixer}")
-        scores = evaluate(model, cfg, torch.Generator().manual_seed(cfg.seed + 1))
-        results[mixer] = {"final_train_loss": loss, **scores}
-    labels = {
-        "mqar": "MQAR (pairs)",
-        "phonebook": "phonebook (entries)",
-        "passkey": "passkey (context length)",
-    }
-    table = (
-        f"Exact-match accuracy, {cfg.eval_examples} examples per cell; trained {cfg.steps} steps "
-        f"at seq_len {cfg.seq_len} (final train loss: "
-        + ", ".join(f"{m} {r['final_train_loss']:.3f}" for m, r in results.items())
-        + ")\n"
-    )
-    for task in recall.TASKS:
-        sizes = list(next(iter(results.values()))[task])
-        rows = [[m, *(r[task][s] for s in sizes)] for m, r in results.items()]
-        table += f"\n{labels[task]}\n\n" + markdown_table(["mixer", *map(str, sizes)], rows)
+    results = {m: sweep(cfg, m, train_settings, eval_settings) for m in cfg.mixers}
+    table = report(cfg, results, eval_settings)
     atomic_write_text(out / "recall.md", table)
     atomic_write_json(out / "recall.json", results)
-    labels = {
-        "mqar": "MQAR (pairs)",
-        "phonebook": "phonebook (entries)",
-        "passkey": "passkey (context)",
-    }
-    line_plot(
-        {
-            labels[t]: {m: (list(r[t]), list(r[t].values())) for m, r in results.items()}
-            for t in recall.TASKS
-        },
-        out / "recall.png",
-        title=f"Recall probes (trained at {cfg.seq_len} tokens)",
-        xlabel="size",
-        ylabel="exact match",
-        logx=True,
-    )
+    plot(cfg, results, eval_settings, out)
     print(table)
     print(f"results: {', '.join(str(out / n) for n in RESULTS)}")
 

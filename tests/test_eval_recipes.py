@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ def tune_run(recipe, config, *overrides):
     [
         ("evaluate", ["eval_tiny", "eval_paper_suite"]),
         ("length_extrapolation", ["length_extrapolation_tiny"]),
-        ("train_recall", ["recall_tiny"]),
+        ("train_recall", ["recall_tiny", "recall_mqar"]),
         ("quantize_interdomain", ["quantize_tiny"]),
         ("generate", ["generate_tiny"]),
     ],
@@ -94,24 +95,44 @@ def test_train_recall_recipe(tmp_path):
             "model.num_layers=1",
             "model.num_modes=4",
             "mixers=[interdomain,softmax]",
-            "seq_len=64",
             "batch_size=2",
             "steps=3",
             "warmup_steps=1",
-            "train_mqar_pairs=[2,8]",
-            "train_phonebook_entries=[2,4]",
-            "eval_mqar_pairs=[4,8]",
-            "eval_phonebook_entries=[4,16]",
-            "eval_passkey_lengths=[32,128]",
+            "lrs=[1e-3,3e-3]",
+            "train=[{task: mqar, seq_len: 32, size: [2, 4]}, {task: passkey, seq_len: 64}]",
+            "evaluate=[{task: mqar, seq_len: 32, size: 4}, {task: phonebook, seq_len: 128, size: 16},"
+            " {task: passkey, seq_len: 32}, {task: passkey, seq_len: 128}]",
             "eval_examples=4",
             f"output_dir={out_dir}",
         )
     )
-    assert "MQAR (pairs)" in stdout and "passkey (context length)" in stdout
+    assert "MQAR" in stdout and "Sweep: mean validation exact match" in stdout
     results = json.loads((out_dir / "recall.json").read_text())
     assert set(results) == {"interdomain", "softmax"}
-    assert set(results["softmax"]["phonebook"]) == {"4", "16"}
+    assert set(results["softmax"]["scores"]["phonebook"]) == {"16@128"}
+    assert set(results["softmax"]["scores"]["passkey"]) == {"32", "128"}
+    assert set(results["softmax"]["sweep"]) == {"0.001", "0.003"}
+    assert results["softmax"]["lr"] in (1e-3, 3e-3)
     assert (out_dir / "recall.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train=[{task: copy, seq_len: 64}]", "train\\[0\\].task: expected one of"),
+        ("train=[{task: mqar, seq_len: 64, size: 4}]", "train\\[0\\].size: expected \\[lo, hi\\]"),
+        ("train=[{task: mqar, seq_len: 64, size: [2, 20]}]", "train\\[0\\]: 20 pairs need 80 tokens"),
+        ("evaluate=[{task: mqar, seq_len: 64, size: [4]}]", "evaluate\\[0\\].size: expected a positive int"),
+        ("vocab_size=8192", "model: vocab_size 512 < the probes' vocab_size 8192"),
+        ("lrs=[]", "lrs: expected a list of positive rates"),
+    ],
+)
+def test_train_recall_rejects_bad_settings(tmp_path, override, message):
+    out = tune_run(
+        "train_recall", "recall_tiny", override, "model.vocab_size=512", "steps=1",
+        f"output_dir={tmp_path}",
+    )  # fmt: skip
+    assert out.returncode != 0 and re.search(message, out.stderr), out.stderr[-2000:]
 
 
 def test_quantize_recipe(tmp_path):

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from idmix.evaluation import recall
 
 
-def oracle_logits(batch: recall.Batch) -> torch.Tensor:
+def oracle_logits(batch: recall.Batch, vocab_size: int = recall.VOCAB_SIZE) -> torch.Tensor:
     """Logits that put all mass on the target wherever one is scored (a perfect reader)."""
-    logits = torch.zeros(*batch.inputs.shape, recall.VOCAB_SIZE)
+    logits = torch.zeros(*batch.inputs.shape, vocab_size)
     scored = batch.targets != -100
     logits[scored, batch.targets[scored]] = 1.0
     return logits
@@ -27,16 +27,37 @@ def lookup_mqar(row: torch.Tensor, t: int) -> int:
 
 
 @settings(max_examples=20, deadline=None)
-@given(pairs=st.integers(1, 24), seed=st.integers(0, 10_000))
-def test_mqar_answers_are_the_values_bound_to_each_key(pairs, seed):
+@given(
+    pairs=st.integers(1, 16),
+    seed=st.integers(0, 10_000),
+    vocab_size=st.sampled_from([64, 100, 512, 8192]),
+)
+def test_mqar_answers_are_the_values_bound_to_each_key(pairs, seed, vocab_size):
     g = torch.Generator().manual_seed(seed)
-    batch = recall.mqar(3, 4 * pairs + 5, pairs, g=g)
+    batch = recall.mqar(3, 4 * pairs + 5, pairs, g=g, vocab_size=vocab_size)
+    vocab = recall.Vocabulary(vocab_size)
     scored = (batch.targets != -100).nonzero().tolist()
     assert len(scored) == 3 * pairs  # one per query
     for b, t in scored:
         assert batch.targets[b, t] == lookup_mqar(batch.inputs[b], t)
-        assert batch.targets[b, t] in recall.VALUES
-    assert recall.exact_match(oracle_logits(batch), batch) == 1.0
+        assert batch.targets[b, t] in vocab.values and batch.inputs[b, t] in vocab.keys
+    assert batch.inputs.max() < vocab_size
+    assert recall.exact_match(oracle_logits(batch, vocab_size), batch) == 1.0
+
+
+@given(size=st.integers(recall.MIN_VOCAB_SIZE, 100_000))
+def test_vocabulary_ranges_are_disjoint_and_cover_the_ids(size):
+    vocab = recall.Vocabulary(size)
+    ranges = [range(0, 4), recall.DIGITS, vocab.keys, vocab.values, vocab.noise]
+    assert [r.start for r in ranges[1:]] == [r.stop for r in ranges[:-1]]
+    assert vocab.noise.stop == size and len(vocab.keys) == len(vocab.values) == size // 4
+    assert len(vocab.noise) > 0
+
+
+def test_default_vocabulary_is_the_512_layout():
+    assert (recall.KEYS, recall.VALUES, recall.NOISE) == (
+        range(14, 142), range(142, 270), range(270, 512)
+    )  # fmt: skip
 
 
 @settings(max_examples=20, deadline=None)
@@ -87,3 +108,5 @@ def test_bad_sizes_are_named():
         recall.mqar(1, 10, 8)
     with pytest.raises(ValueError, match="task: expected one of"):
         recall.make_batch("copying", 1, 64, 4)
+    with pytest.raises(ValueError, match="vocab_size: expected an int ≥ 64"):
+        recall.passkey(1, 64, vocab_size=32)

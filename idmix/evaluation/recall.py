@@ -6,6 +6,9 @@ the positions whose next token is an answer token, and ``groups`` (B, T): the an
 scored position belongs to (-1 elsewhere), so exact match is "every position of a group right".
 Content sits at the end of the row; the front is filled with noise tokens. Under teacher
 forcing, all positions of an answer argmax-correct ⇔ greedy decoding writes the whole answer.
+
+Token ids follow ``Vocabulary(size)``: 4 specials, 10 digits, then a quarter of the vocabulary
+each for keys and values, the rest noise (512 by default; 8,192 is the usual MQAR setting).
 """
 
 from __future__ import annotations
@@ -16,11 +19,35 @@ import torch
 
 PAD, SEP, QUERY, NEEDLE = 0, 1, 2, 3
 DIGITS = range(4, 14)
-KEYS = range(14, 142)
-VALUES = range(142, 270)
-NOISE = range(270, 512)
 VOCAB_SIZE = 512
+MIN_VOCAB_SIZE = 64
 TASKS = ("mqar", "phonebook", "passkey")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The probes' token ranges for a vocabulary of ``size`` ids."""
+
+    size: int = VOCAB_SIZE
+
+    def __post_init__(self):
+        if not isinstance(self.size, int) or self.size < MIN_VOCAB_SIZE:
+            raise ValueError(f"vocab_size: expected an int ≥ {MIN_VOCAB_SIZE}, got {self.size!r}")
+
+    @property
+    def keys(self) -> range:
+        return range(DIGITS.stop, DIGITS.stop + self.size // 4)
+
+    @property
+    def values(self) -> range:
+        return range(self.keys.stop, self.keys.stop + self.size // 4)
+
+    @property
+    def noise(self) -> range:
+        return range(self.values.stop, self.size)
+
+
+KEYS, VALUES, NOISE = Vocabulary().keys, Vocabulary().values, Vocabulary().noise
 
 
 @dataclass
@@ -41,11 +68,13 @@ def _distinct(r: range, batch: int, n: int, g: torch.Generator) -> torch.Tensor:
     return torch.rand(batch, len(r), generator=g).argsort(-1)[:, :n] + r.start
 
 
-def _assemble(rows: list[tuple[list[int], list[tuple[int, int]]]], seq_len: int, g) -> Batch:
+def _assemble(
+    rows: list[tuple[list[int], list[tuple[int, int]]]], seq_len: int, g, vocab: Vocabulary
+) -> Batch:
     """rows: (content tokens, [(position in content, answer group)] of scored next-token
     positions) -> a Batch with the content right-aligned after noise."""
     B = len(rows)
-    inputs = _draw(NOISE, (B, seq_len), g)
+    inputs = _draw(vocab.noise, (B, seq_len), g)
     targets = torch.full((B, seq_len), -100)
     groups = torch.full((B, seq_len), -1)
     for b, (content, scored) in enumerate(rows):
@@ -61,12 +90,20 @@ def _assemble(rows: list[tuple[list[int], list[tuple[int, int]]]], seq_len: int,
     return Batch(inputs, targets, groups)
 
 
-def mqar(batch: int, seq_len: int, num_pairs: int, num_queries: int | None = None, g=None) -> Batch:
+def mqar(
+    batch: int,
+    seq_len: int,
+    num_pairs: int,
+    num_queries: int | None = None,
+    g=None,
+    vocab_size: int = VOCAB_SIZE,
+) -> Batch:
     """k1 v1 … kn vn, then num_queries (default n) of the keys again, each followed by its
     value: the model must predict v at each query key."""
+    vocab = Vocabulary(vocab_size)
     num_queries = num_queries or num_pairs
-    keys = _distinct(KEYS, batch, num_pairs, g)
-    values = _draw(VALUES, (batch, num_pairs), g)
+    keys = _distinct(vocab.keys, batch, num_pairs, g)
+    values = _draw(vocab.values, (batch, num_pairs), g)
     rows = []
     for b in range(batch):
         content = [
@@ -77,17 +114,24 @@ def mqar(batch: int, seq_len: int, num_pairs: int, num_queries: int | None = Non
             scored.append((len(content), q))
             content += [keys[b, j].item(), values[b, j].item()]
         rows.append((content, scored))
-    return _assemble(rows, seq_len, g)
+    return _assemble(rows, seq_len, g, vocab)
 
 
 def phonebook(
-    batch: int, seq_len: int, num_entries: int, g=None, name_len: int = 2, number_len: int = 3
+    batch: int,
+    seq_len: int,
+    num_entries: int,
+    g=None,
+    name_len: int = 2,
+    number_len: int = 3,
+    vocab_size: int = VOCAB_SIZE,
 ) -> Batch:
     """num_entries of "name(2 key tokens) number(3 digits) SEP", then QUERY name: the model
     must write that entry's number (exact match over its digits)."""
+    vocab = Vocabulary(vocab_size)
     rows = []
     for _ in range(batch):
-        names = _distinct(KEYS, 1, num_entries * name_len, g).view(num_entries, name_len)
+        names = _distinct(vocab.keys, 1, num_entries * name_len, g).view(num_entries, name_len)
         numbers = _draw(DIGITS, (num_entries, number_len), g)
         content = []
         for name, number in zip(names.tolist(), numbers.tolist(), strict=True):
@@ -97,36 +141,44 @@ def phonebook(
         scored = [(len(content) - 1 + i, 0) for i in range(number_len)]
         content += numbers[j].tolist()
         rows.append((content, scored))
-    return _assemble(rows, seq_len, g)
+    return _assemble(rows, seq_len, g, vocab)
 
 
 def passkey(
-    batch: int, seq_len: int, g=None, key_len: int = 5, depth: float | None = None
+    batch: int,
+    seq_len: int,
+    g=None,
+    key_len: int = 5,
+    depth: float | None = None,
+    vocab_size: int = VOCAB_SIZE,
 ) -> Batch:
     """Noise of seq_len tokens with "NEEDLE d1…d5 SEP" hidden at a random (or the given,
     0…1) depth, ending with "QUERY NEEDLE": the model must write the digits."""
+    vocab = Vocabulary(vocab_size)
     rows = []
     answer = key_len + 2  # QUERY NEEDLE, then the digits
     for _ in range(batch):
         key = _draw(DIGITS, (key_len,), g).tolist()
-        haystack = _draw(NOISE, (seq_len + 1 - answer - key_len - 2,), g).tolist()
+        haystack = _draw(vocab.noise, (seq_len + 1 - answer - key_len - 2,), g).tolist()
         frac = float(torch.rand((), generator=g)) if depth is None else depth
         at = round(frac * len(haystack))
         content = haystack[:at] + [NEEDLE, *key, SEP] + haystack[at:] + [QUERY, NEEDLE]
         scored = [(len(content) - 1 + i, 0) for i in range(key_len)]
         rows.append((content + key, scored))
-    return _assemble(rows, seq_len, g)
+    return _assemble(rows, seq_len, g, vocab)
 
 
-def make_batch(task: str, batch: int, seq_len: int, size: int, g=None) -> Batch:
+def make_batch(
+    task: str, batch: int, seq_len: int, size: int, g=None, vocab_size: int = VOCAB_SIZE
+) -> Batch:
     """One task's batch: size = pairs (mqar), entries (phonebook); ignored for passkey, whose
     difficulty is seq_len."""
     if task == "mqar":
-        return mqar(batch, seq_len, size, g=g)
+        return mqar(batch, seq_len, size, g=g, vocab_size=vocab_size)
     if task == "phonebook":
-        return phonebook(batch, seq_len, size, g=g)
+        return phonebook(batch, seq_len, size, g=g, vocab_size=vocab_size)
     if task == "passkey":
-        return passkey(batch, seq_len, g=g)
+        return passkey(batch, seq_len, g=g, vocab_size=vocab_size)
     raise ValueError(f"task: expected one of {TASKS}, got {task!r}")
 
 
