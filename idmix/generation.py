@@ -6,6 +6,7 @@ S4D-only keep a constant-size recurrent state; softmax keeps a KV cache).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -28,6 +29,46 @@ def cache_nbytes(model) -> int:
     )
 
 
+def check_sampling(temperature, top_k, top_p) -> None:
+    """temperature a finite number >= 0; top_k None or an int >= 1; top_p None or in (0, 1]."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature: expected a number, got {type(temperature).__name__}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature: expected a finite number >= 0, got {temperature}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k: expected None or an int >= 1, got {top_k!r}")
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
+    ):
+        raise ValueError(f"top_p: expected None or a number in (0, 1], got {top_p!r}")
+
+
+def _check_prompts(prompts, vocab_size: int) -> list[list[int]]:
+    """prompts: a non-empty list of non-empty lists of token ids in [0, vocab_size)."""
+    if isinstance(prompts, (torch.Tensor, str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError(
+            f"prompts: expected a list of token-id lists, got {type(prompts).__name__} (for a "
+            "(B, T) tensor pass tensor.tolist())"
+        )
+    rows = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, torch.Tensor):
+            p = p.tolist()
+        if isinstance(p, (str, bytes)) or not isinstance(p, Sequence) or len(p) == 0:
+            raise ValueError(f"prompts[{i}]: expected a non-empty list of token ids, got {p!r}")
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in p):
+            raise TypeError(f"prompts[{i}]: expected int token ids, got {p!r}")
+        bad = [t for t in p if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompts[{i}]: token id {bad[0]} is outside the vocabulary [0, {vocab_size})"
+            )
+        rows.append(list(p))
+    if not rows:
+        raise ValueError("prompts: expected a non-empty list of non-empty token lists")
+    return rows
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float = 1.0,
@@ -36,10 +77,7 @@ def sample_next(
     generator: torch.Generator | None = None,
 ):
     """logits: (B, V) -> next tokens (B,). temperature 0 is greedy."""
-    if temperature < 0:
-        raise ValueError(f"temperature: expected >= 0, got {temperature}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p: expected in (0, 1], got {top_p}")
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -77,10 +115,10 @@ def generate(
     compile: run the one-token step through ``torch.compile(fullgraph=True)``; it compiles once
     per (model, batch size) and never again across steps (the caches are updated in place).
     """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("prompts: expected a non-empty list of non-empty token lists")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
+    prompts = _check_prompts(prompts, model.tok_embeddings.num_embeddings)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
+    check_sampling(temperature, top_k, top_p)
     device = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
     total = P + max_new_tokens

@@ -120,3 +120,10 @@ def save_tiny_export(path, mixer: str = "interdomain", seed: int = 0, **override
     model, config = tiny_model(mixer, seed, **overrides)
     torch.save({"model": model.state_dict(), "model_config": config}, path)
     return model
+
+
+def decoder_alias(**kwargs):
+    """A builder outside idmix.models (as a user's own would be), for the trust-list test."""
+    from idmix.models import decoder
+
+    return decoder(**kwargs)

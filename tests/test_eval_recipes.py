@@ -25,21 +25,29 @@ def tune_run(recipe, config, *overrides):
     return out
 
 
-@pytest.mark.parametrize(
-    "recipe, configs",
-    [
-        ("evaluate", ["eval_tiny", "eval_paper_suite"]),
-        ("length_extrapolation", ["length_extrapolation_tiny"]),
-        ("train_recall", ["recall_tiny", "recall_mqar"]),
-        ("quantize_interdomain", ["quantize_tiny"]),
-        ("generate", ["generate_tiny"]),
-    ],
-)
+CONFIGS_OF = {
+    "evaluate": ["eval_tiny", "eval_paper_suite", "eval_own_data"],
+    "length_extrapolation": ["length_extrapolation_tiny", "length_extrapolation_own_data"],
+    "train_recall": ["recall_tiny", "recall_mqar"],
+    "quantize_interdomain": ["quantize_tiny", "quantize_own_data"],
+    "generate": ["generate_tiny"],
+    "compare_mixers": ["compare_tiny", "compare_small"],
+}
+
+
+@pytest.mark.parametrize("recipe, configs", CONFIGS_OF.items())
 def test_configs_set_exactly_the_recipe_keys(recipe, configs):
     module = importlib.import_module(f"recipes.{recipe}")
     for name in configs:
         cfg = OmegaConf.load(ROOT / "recipes" / "configs" / f"{name}.yaml")
         assert set(cfg.keys()) == module.KEYS, name
+
+
+def test_every_config_is_checked_against_its_recipe():
+    """Pretraining configs (tiny_*, paper_*) are built in tests/test_recipe.py; the rest here."""
+    names = {p.stem for p in (ROOT / "recipes" / "configs").glob("*.yaml")}
+    others = {n for n in names if not n.startswith(("tiny_", "paper_"))}
+    assert others == {c for configs in CONFIGS_OF.values() for c in configs}
 
 
 def ok(out):

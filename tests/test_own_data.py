@@ -189,7 +189,7 @@ def test_readme_command_trains_and_the_model_vocabulary_follows_the_tokenizer(tr
     run, cache = trained
     history = json.loads((run / "history.json").read_text())
     assert len(history) == 3 and all(torch.isfinite(torch.tensor(h["loss"])) for h in history)
-    final = torch.load(run / "model_final.pt", weights_only=False)
+    final = torch.load(run / "model_final.pt", weights_only=True)
     assert final["model"]["output.weight"].shape[0] == 320
     assert len(list(cache.iterdir())) == 1  # the BPE trained once, on the train side
 

@@ -43,7 +43,7 @@ def test_tune_run_one_process_trains(tmp_path):
     assert h[-1]["loss"] < h[0]["loss"] - 1.0, (h[0]["loss"], h[-1]["loss"])
     assert h[-1]["val_ppl"] < h[14]["val_ppl"]
     assert "summary: steps 30" in out.stdout
-    final = torch.load(run / "model_final.pt", weights_only=False)
+    final = torch.load(run / "model_final.pt", weights_only=True)
     assert final["model_config"]["_component_"] == "idmix.models.interdomain_tiny"
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000030"
     assert (run / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -61,7 +61,7 @@ def test_tune_run_two_processes_fsdp2(tmp_path):
     from idmix.models import interdomain_tiny
 
     model = interdomain_tiny()
-    model.load_state_dict(torch.load(run / "model_final.pt", weights_only=False)["model"])
+    model.load_state_dict(torch.load(run / "model_final.pt", weights_only=True)["model"])
 
 
 def test_resume_continues_loss_for_loss(tmp_path):

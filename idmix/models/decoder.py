@@ -14,6 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..debug import check_values
+
 from ..modules import S4DMixer, SoftmaxAttention, SSMMixer, ablation_cell
 from ..modules.cells import ABLATION_CELLS, InterdomainAttention
 
@@ -118,7 +120,7 @@ def decoder(
         )
 
     model = TransformerDecoder(
-        tok_embeddings=nn.Embedding(vocab_size, embed_dim),
+        tok_embeddings=TokenEmbedding(vocab_size, embed_dim),
         layers=[block(i) for i in range(num_layers)],
         max_seq_len=max_seq_len,
         num_heads=num_heads,
@@ -128,6 +130,23 @@ def decoder(
     )
     init_weights_(model, init_std)
     return model
+
+
+class TokenEmbedding(nn.Embedding):
+    """nn.Embedding that names an out-of-range token id (instead of "index out of range in
+    self") where ``idmix.debug.check_values`` allows a host sync."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if check_values(tokens) and tokens.numel():
+            if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+                raise TypeError(f"tokens: expected integer token ids, got {tokens.dtype}")
+            lo, hi = int(tokens.min()), int(tokens.max())
+            if lo < 0 or hi >= self.num_embeddings:
+                bad = lo if lo < 0 else hi
+                raise ValueError(
+                    f"tokens: id {bad} is outside the vocabulary [0, {self.num_embeddings})"
+                )
+        return super().forward(tokens)
 
 
 @torch.no_grad()

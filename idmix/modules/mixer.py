@@ -27,12 +27,14 @@ import torch
 from torch import nn
 
 from ..functional import interdomain_attention_real, interdomain_decode_step_real, rope
+from ..functional.interdomain.validation import check_chunk_size
+from ..functional.readout import READOUTS as READOUT_CONVENTIONS
 from ..functional.interdomain.realform import interleaved_to_state, state_to_interleaved
 from ..functional.s4d_readout import s4d_linear_readout, s4d_linear_step
 from .base import CachedMixer
 from .branches import Branch, HeadNorm
 from .cache import RecurrentCache
-from .documents import positions_and_resets
+from .documents import check_layer_input, positions_and_resets
 from .ssm import S4DCore
 
 INPUT_PATHS = ("dual_kv", "generic")
@@ -66,6 +68,16 @@ class SSMMixer(CachedMixer):
         value_conv: bool = False,
     ):
         super().__init__()
+        for name, n in (("embed_dim", embed_dim), ("num_heads", num_heads), ("num_modes", num_modes)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"{name}: expected a positive int, got {n!r}")
+        check_chunk_size(chunk_size)
+        if readout_convention not in READOUT_CONVENTIONS:
+            raise ValueError(
+                f"readout_convention: expected one of {READOUT_CONVENTIONS}, got {readout_convention!r}"
+            )
+        if not 0 < dt_min <= dt_max:
+            raise ValueError(f"dt_min, dt_max: expected 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
         G = num_state_groups or num_heads
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim: {embed_dim} is not divisible by num_heads={num_heads}")
@@ -140,7 +152,7 @@ class SSMMixer(CachedMixer):
     def forward(self, x, y=None, *, mask=None, input_pos=None):
         """x: (B, T, d). mask is ignored (causality is in the recurrence); input_pos (B, T):
         positions restarting at 0 mark document starts, where state and conv history reset."""
-        B, T, _ = x.shape
+        B, T = check_layer_input(x, self.embed_dim, input_pos)
         pos, reset = positions_and_resets(input_pos, B, T, x.device)
         cache = self.kv_cache if self.cache_enabled else None
         if cache is not None:

@@ -9,7 +9,7 @@ from torch import nn
 from ..functional import rope
 from .base import CachedMixer
 from .cache import KVCache
-from .documents import positions_and_resets
+from .documents import check_layer_input, positions_and_resets
 
 
 class SoftmaxAttention(CachedMixer):
@@ -45,7 +45,8 @@ class SoftmaxAttention(CachedMixer):
         self.cache_enabled = True
 
     def forward(self, x, y=None, *, mask=None, input_pos=None):
-        B, T, d = x.shape
+        B, T = check_layer_input(x, self.num_heads * self.head_dim, input_pos)
+        d = x.shape[-1]
         pos, reset = positions_and_resets(input_pos, B, T, x.device)
         q, k, v = (
             p(x).unflatten(-1, (self.num_heads, self.head_dim))

@@ -6,7 +6,9 @@ Layout of a run directory::
     checkpoints/step_000100/   DCP shards of model + optimizer, and extra_rank{r}.pt (step,
                                scheduler, data position, RNG of rank r)
     checkpoints/latest         the name of the newest complete checkpoint
-    model_final.pt             {"model": full state dict, "model_config": …} for eval/generation
+    model_final.pt             {"model": full state dict, "model_config": plain dict} for
+                               eval/generation; loaded with weights_only=True, its builder
+                               checked against idmix.models (``load_exported_model``)
 
 A checkpoint is written under a temporary name and renamed once every rank has finished, and
 ``latest`` is replaced atomically afterwards: a crash mid-save leaves the previous checkpoint
@@ -16,6 +18,7 @@ and pointer intact.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -94,9 +97,55 @@ def load_checkpoint(path: Path, model, optimizer) -> dict:
         raise FileNotFoundError(
             f"resume: {extra_path} is missing (was the run saved with a different world size?)"
         )
-    extra = torch.load(extra_path, weights_only=False)
+    extra = safe_load(extra_path)
     set_rng_state(extra.pop("rng"))
     return extra
+
+
+# Builders a model_final.pt may name: idmix's own, and the dotted names in this variable (your
+# own builders, comma-separated). A file's config is data, so it may not choose arbitrary code.
+TRUSTED_BUILDERS_ENV = "IDMIX_TRUSTED_BUILDERS"
+
+
+def safe_load(path):
+    """torch.load with weights_only=True (tensors and plain data only: loading never runs code
+    from the file); a file that needs more is refused with an error naming it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(
+            f"checkpoint {str(path)!r} holds Python objects beyond tensors and plain data (a file "
+            "from an older idmix, or not from idmix), and loading those can run code. Re-export "
+            "it with this version, or load it with torch.load(weights_only=False) yourself if "
+            f"you trust where it came from. ({str(e).splitlines()[0]})"
+        ) from None
+
+
+def _trusted_builders() -> set[str]:
+    import idmix.models
+
+    names = {f"idmix.models.{n}" for n in idmix.models.__all__}
+    names -= {"idmix.models.MODEL_BUILDERS", "idmix.models.init_weights_"}
+    extra = os.environ.get(TRUSTED_BUILDERS_ENV, "")
+    return names | {n.strip() for n in extra.split(",") if n.strip()}
+
+
+def check_model_config(node, source: str, trusted: set[str] | None = None) -> None:
+    """Every ``_component_`` in a saved model config (nested ones too) must be a trusted
+    builder: ``config.instantiate`` would call whatever a file names."""
+    trusted = _trusted_builders() if trusted is None else trusted
+    if isinstance(node, dict):
+        component = node.get("_component_")
+        if component is not None and component not in trusted:
+            raise ValueError(
+                f"{source}: model_config names the builder {component!r}, which is not one of "
+                f"idmix.models; if it is your own, add it to ${TRUSTED_BUILDERS_ENV}"
+            )
+        for value in node.values():
+            check_model_config(value, source, trusted)
+    elif isinstance(node, list):
+        for value in node:
+            check_model_config(value, source, trusted)
 
 
 def export_model(path: Path, model, model_config: dict) -> None:
@@ -117,9 +166,10 @@ def load_exported_model(path, device="cpu"):
 
     if not Path(path).is_file():
         raise ValueError(f"config: checkpoint: no such file {str(path)!r}")
-    saved = torch.load(path, map_location="cpu", weights_only=False)
-    if "model" not in saved or "model_config" not in saved:
+    saved = safe_load(path)
+    if not isinstance(saved, dict) or "model" not in saved or "model_config" not in saved:
         raise ValueError(f"config: checkpoint {str(path)!r} is not a model_final.pt export")
+    check_model_config(saved["model_config"], f"checkpoint {str(path)!r}")
     model = config.instantiate(DictConfig(saved["model_config"]))
     check_compatible(model, saved["model"], f"checkpoint {str(path)!r}")
     model.load_state_dict(saved["model"])

@@ -14,10 +14,13 @@ from .validation import (
     State,
     check_backend,
     check_chunk_size,
+    check_devices,
     check_inputs,
+    check_params,
     check_qkv,
     check_real_params,
     check_reset,
+    warn_if_unstable,
 )
 from .varlen import varlen
 
@@ -96,7 +99,12 @@ def interdomain_attention_real(
         )
     check_chunk_size(chunk_size)
     check_reset(reset, B, T)
-    check_backend(backend)
+    check_backend(backend, q)
+    check_devices(
+        "q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, initial_state=initial_state,
+        reset=reset,
+    )  # fmt: skip
+    warn_if_unstable("lam_ri", torch.linalg.vector_norm(lam_ri.detach(), dim=-1))
     with torch.autocast(q.device.type, enabled=False):
         return _chunked_real(
             q, k, v, lam_ri, beta_ri, G_hat, initial_state, chunk_size, reset, backend
@@ -157,7 +165,8 @@ def interdomain_attention(
     """
     check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size)
     check_reset(reset, *q.shape[:2])
-    check_backend(backend)
+    check_devices("q", q, reset=reset)
+    check_backend(backend, q)
     # The SSM runs in fp32 (fp64) whatever the ambient autocast: states and accumulators of a
     # long recurrence do not survive bf16. Inputs are upcast here and o is cast back.
     with torch.autocast(q.device.type, enabled=False):
@@ -231,7 +240,10 @@ def interdomain_attention_varlen(
             backend=backend,
         )
 
-    o, state = varlen(attend, q, k, v, cu_seqlens, lam.shape[-1], initial_state, return_final_state)
+    H = check_qkv(q, k, v)[2]  # ranks and sizes before the batch-of-one rule and any indexing
+    M = check_params(lam, beta, C, H, readout)
+    check_devices("q", q, lam=lam, beta=beta, C=C, initial_state=initial_state)
+    o, state = varlen(attend, q, k, v, cu_seqlens, M, initial_state, return_final_state)
     return (o, state) if return_final_state else o
 
 

@@ -11,7 +11,15 @@ from __future__ import annotations
 import torch
 
 from .realform import interleaved_to_state, state_to_interleaved
-from .validation import State
+from .validation import (
+    State,
+    check_backend,
+    check_decode_inputs,
+    check_decays_and_gram,
+    check_devices,
+    check_real_params,
+    check_state,
+)
 
 
 def empty_state(B, H, M, R, D, dtype=torch.complex64, device=None) -> State:
@@ -30,21 +38,18 @@ def _mode_last(X: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return XT.clone(memory_format=torch.contiguous_format), False
 
 
-BACKENDS = ("torch", "triton")
-
-
-def _pick_backend(backend: str | None, q: torch.Tensor) -> str:
-    if backend is None:
-        if not q.is_cuda:
-            return "torch"
-        try:
-            import idmix_kernels  # noqa: F401
-        except ImportError:
-            return "torch"
-        return "triton"
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS} or None, got {backend!r}")
-    return backend
+def _use_triton(backend: str, q: torch.Tensor) -> bool:
+    """"triton": always; "auto": for CUDA tensors when the kernels are installed."""
+    check_backend(backend, q)
+    if backend != "auto":
+        return backend == "triton"
+    if not q.is_cuda:
+        return False
+    try:
+        import idmix_kernels  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _triton_step(q, k, v, lam, beta, G_hat, state, inplace):
@@ -73,7 +78,7 @@ def interdomain_decode_step(
     G_hat: torch.Tensor,
     state: State,
     inplace: bool = False,
-    backend: str | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, State]:
     """Advance the state by one position and read it out.
 
@@ -87,10 +92,20 @@ def interdomain_decode_step(
     U and Γ are never formed (the paper's O(M²(R+D)) form); the state is read once.
 
     backend: "torch", "triton" (the fused in-place kernel of ``idmix_kernels``; on CPU only
-    under TRITON_INTERPRET=1; 3-dim q and complex64 mode-last states), or None: triton for
+    under TRITON_INTERPRET=1; 3-dim q and complex64 mode-last states), or "auto": triton for
     CUDA tensors when it is installed, torch otherwise.
     """
-    if _pick_backend(backend, q) == "triton":
+    if not isinstance(state, (tuple, list)) or len(state) != 2:
+        raise TypeError(f"state: expected a tuple (Xk, Xv), got {type(state).__name__}")
+    B, H, M, R = state[0].shape if state[0].dim() == 4 else (None,) * 4
+    if B is None:
+        raise ValueError(f"state[0] (Xk): expected (B, H, M, R), got {tuple(state[0].shape)}")
+    D = state[1].shape[-1]
+    check_state(state, B, H, M, R, D, "state")
+    check_decode_inputs(q, k, v, B, H, R, D)
+    check_decays_and_gram(lam, beta, G_hat, H, M)
+    check_devices("q", q, lam=lam, beta=beta, G_hat=G_hat, state=state)
+    if _use_triton(backend, q):
         return _triton_step(q, k, v, lam, beta, G_hat, state, inplace)
     R = state[0].shape[-1]
     Z = state_to_interleaved(*state)  # (B, H, R+D, 2M), a copy
@@ -111,7 +126,7 @@ def interdomain_decode_step_real(
     beta_ri: torch.Tensor,
     G_hat: torch.Tensor,
     state: torch.Tensor,
-    backend: str | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """The decode step on the real interleaved state the layers keep, updated in place.
 
@@ -120,13 +135,29 @@ def interdomain_decode_step_real(
     ``interdomain_attention_real``). Returns o: (B, H, D) or (B, H, r, D) in q's dtype.
     No complex tensor on the torch path, so it compiles whole with Inductor.
     """
-    if state.dim() != 4 or state.stride(-1) != 1 or not state.is_contiguous():
+    if (
+        not isinstance(state, torch.Tensor)
+        or not state.is_floating_point()
+        or state.dim() != 4
+        or not state.is_contiguous()
+    ):
         raise ValueError(
-            f"state: expected a contiguous (B, H, R+D, 2M) real tensor, got {tuple(state.shape)}"
+            "state: expected a contiguous (B, H, R+D, 2M) real floating tensor, got "
+            f"{getattr(state, 'dtype', type(state).__name__)} {tuple(getattr(state, 'shape', ()))}"
         )
+    B, H = state.shape[:2]
+    R = k.shape[-1] if isinstance(k, torch.Tensor) else 0
+    M = check_real_params(lam_ri, beta_ri, G_hat, H)
+    if state.shape[3] != 2 * M or not 0 < R < state.shape[2]:
+        raise ValueError(
+            f"state: expected (B, H, R+D, 2M) with M = {M} and R = {R} (k's), got "
+            f"{tuple(state.shape)}"
+        )
+    check_decode_inputs(q, k, v, B, H, R, state.shape[2] - R)
+    check_devices("q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, state=state)
     # the kernel takes one query per state head: grouped (4-dim) queries use the torch step
     # unless the triton backend is asked for explicitly (then _triton_step says why it cannot)
-    if _pick_backend(backend, q) == "triton" and (q.dim() == 3 or backend == "triton"):
+    if _use_triton(backend, q) and (q.dim() == 3 or backend == "triton"):
         R = k.shape[-1]
         Zc = torch.view_as_complex(state.unflatten(-1, (-1, 2)))  # (B, H, R+D, M), mode-last
         lam, beta = (torch.view_as_complex(x.contiguous()) for x in (lam_ri, beta_ri))

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import NamedTuple
 
 import torch
 
+from ...debug import check_values
+
 from ..readout import READOUTS
 
 State = tuple[torch.Tensor, torch.Tensor]
+BACKENDS = ("auto", "torch", "triton")  # every op: "auto" picks triton for CUDA fp32 tensors
 
 
 class Dims(NamedTuple):
@@ -36,17 +41,43 @@ def _complex(name: str, x: torch.Tensor, shape: tuple[int, ...], what: str) -> N
         raise ValueError(f"{name}: expected shape {what} = {shape}, got {tuple(x.shape)}")
 
 
+def check_devices(anchor_name: str, anchor: torch.Tensor, **tensors) -> None:
+    """Every tensor given (None skipped; tuples checked element-wise) lives on anchor's device."""
+    for name, x in tensors.items():
+        parts = x if isinstance(x, (tuple, list)) else (x,)
+        for i, part in enumerate(parts):
+            if isinstance(part, torch.Tensor) and part.device != anchor.device:
+                where = f"{name}[{i}]" if isinstance(x, (tuple, list)) else name
+                raise ValueError(
+                    f"{where}: expected a tensor on {anchor.device} (the device of "
+                    f"{anchor_name}), got one on {part.device}"
+                )
+
+
 def check_params(lam, beta, C, H: int, readout: str) -> int:
     """Check lam, beta: (H, M) complex and C: (H, M, M) complex. Returns M."""
     if not isinstance(lam, torch.Tensor) or lam.dim() != 2:
         raise ValueError(f"lam: expected shape (H, M), got {getattr(lam, 'shape', lam)}")
     M = lam.shape[1]
+    if M < 1:
+        raise ValueError(f"lam: expected at least one mode (M >= 1), got shape {tuple(lam.shape)}")
     _complex("lam", lam, (H, M), "(H, M)")
     _complex("beta", beta, (H, M), "(H, M)")
     _complex("C", C, (H, M, M), "(H, M, M)")
     if readout not in READOUTS:
         raise ValueError(f"readout: expected one of {READOUTS}, got {readout!r}")
     return M
+
+
+def check_decays_and_gram(lam, beta, G_hat, H: int, M: int) -> None:
+    """The decode step's lam, beta: (H, M) complex and G_hat: (H, 2M, 2M) real."""
+    _complex("lam", lam, (H, M), "(H, M)")
+    _complex("beta", beta, (H, M), "(H, M)")
+    _real_float("G_hat", G_hat)
+    if tuple(G_hat.shape) != (H, 2 * M, 2 * M):
+        raise ValueError(
+            f"G_hat: expected (H, 2M, 2M) = {(H, 2 * M, 2 * M)}, got {tuple(G_hat.shape)}"
+        )
 
 
 def check_state(state, B: int, H: int, M: int, R: int, D: int, name: str) -> None:
@@ -79,6 +110,11 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int]:
         raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if T < 1:
         raise ValueError("q: expected at least one time step (T >= 1), got T = 0")
+    if 0 in (B, H, R, v.shape[3]):
+        raise ValueError(
+            f"q, v: expected non-zero B, H, R and D, got q {tuple(q.shape)}, v {tuple(v.shape)}"
+        )
+    check_devices("q", q, k=k, v=v)
     return B, T, H, R, v.shape[3]
 
 
@@ -92,9 +128,20 @@ def check_chunk_size(chunk_size) -> None:
         raise ValueError(f"chunk_size: expected a positive power of two, got {chunk_size!r}")
 
 
-def check_backend(backend) -> None:
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"backend: expected 'auto', 'torch' or 'triton', got {backend!r}")
+def check_backend(backend, x: torch.Tensor | None = None) -> None:
+    """backend in BACKENDS; "triton" on a CPU tensor needs the Triton interpreter."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if (
+        backend == "triton"
+        and x is not None
+        and x.device.type == "cpu"
+        and os.environ.get("TRITON_INTERPRET") != "1"
+    ):
+        raise ValueError(
+            "backend: 'triton' on CPU tensors needs the Triton interpreter (Triton has no CPU "
+            "driver): set TRITON_INTERPRET=1 before idmix is imported, or use 'auto' or 'torch'"
+        )
 
 
 def check_reset(reset, B: int, T: int) -> None:
@@ -114,6 +161,8 @@ def check_real_params(lam_ri, beta_ri, G_hat, H: int) -> int:
     M = lam_ri.shape[1]
     if beta_ri.shape != lam_ri.shape:
         raise ValueError(f"beta_ri: expected {tuple(lam_ri.shape)}, got {tuple(beta_ri.shape)}")
+    if M < 1:
+        raise ValueError(f"lam_ri: expected at least one mode (M >= 1), got {tuple(lam_ri.shape)}")
     if tuple(G_hat.shape) != (H, 2 * M, 2 * M):
         raise ValueError(
             f"G_hat: expected (H, 2M, 2M) = {(H, 2 * M, 2 * M)}, got {tuple(G_hat.shape)}"
@@ -121,11 +170,45 @@ def check_real_params(lam_ri, beta_ri, G_hat, H: int) -> int:
     return M
 
 
+def check_decode_inputs(q, k, v, B: int, H: int, R: int, D: int) -> None:
+    """One decode step's q: (B, H, R) or (B, H, r, R), k: (B, H, R), v: (B, H, D), real
+    floating, given the state's sizes."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _real_float(name, x)
+    if tuple(k.shape) != (B, H, R):
+        raise ValueError(f"k: expected (B, H, R) = {(B, H, R)} (the state's), got {tuple(k.shape)}")
+    if tuple(v.shape) != (B, H, D):
+        raise ValueError(f"v: expected (B, H, D) = {(B, H, D)} (the state's), got {tuple(v.shape)}")
+    grouped = q.dim() == 4 and q.shape[2] >= 1
+    if not (tuple(q.shape) == (B, H, R) or (grouped and q.shape[:2] == (B, H) and q.shape[3] == R)):
+        raise ValueError(
+            f"q: expected (B, H, R) = {(B, H, R)} or (B, H, r, R) for r query heads per state "
+            f"head, got {tuple(q.shape)}"
+        )
+    check_devices("q", q, k=k, v=v)
+
+
 def check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size) -> Dims:
     """Validate the arguments of ``interdomain_attention``; returns the problem sizes."""
     B, T, H, R, D = check_qkv(q, k, v)
     M = check_params(lam, beta, C, H, readout)
+    check_devices("q", q, lam=lam, beta=beta, C=C, initial_state=initial_state)
+    warn_if_unstable("lam", lam.detach().abs())
     if initial_state is not None:
         check_state(initial_state, B, H, M, R, D, "initial_state")
     check_chunk_size(chunk_size)
     return Dims(B, T, H, R, D, M)
+
+
+def warn_if_unstable(name: str, modulus: torch.Tensor) -> None:
+    """Warn (once per call site) when a decay has |λ| > 1: the state then grows without bound.
+    A value check, so only where ``idmix.debug.check_values`` allows a host sync."""
+    if check_values(modulus):
+        worst = float(modulus.max())
+        if worst > 1 + 1e-6:
+            warnings.warn(
+                f"{name}: |λ| reaches {worst:.6g} > 1, an unstable decay: the state grows "
+                "geometrically (discretize a complex A with Re A < 0 for |λ| < 1)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
