@@ -140,6 +140,37 @@ def check_chunked(device: str) -> None:
         chunked.SEGMENT_TOKENS = 512
 
 
+def check_nonfinite(device: str) -> None:
+    """A NaN in k at (row 0, t = 9, head 1) on the Triton backend poisons exactly that head from
+    t to the end of its document (starts 0, 6, 14) and leaves every other output equal to the
+    torch backend's, gradients included (finite everywhere)."""
+    from idmix.functional import interdomain_attention
+
+    B, T, H = 2, 21, 2
+    p = make_problem(B=B, T=T, H=H, R=3, D=4, M=5, dtype=torch.float32)
+    p["k"][0, 9, 1, 0] = float("nan")
+    reset = torch.zeros(B, T, dtype=torch.bool, device=device)
+    reset[0, [0, 6, 14]] = True
+    outs = {}
+    for backend in ("triton", "torch"):
+        leaves = [p[n].to(device).requires_grad_() for n in ("q", "k", "v")]
+        o = interdomain_attention(
+            *leaves, *(p[n].to(device) for n in ("lam", "beta", "C")), reset=reset,
+            chunk_size=8, backend=backend,
+        )  # fmt: skip
+        torch.where(torch.isfinite(o), o, 0).sum().backward()
+        outs[backend] = (o.detach(), *(x.grad for x in leaves))
+    hit = ~torch.isfinite(outs["triton"][0]).all(-1)
+    expected = torch.zeros(B, T, H, dtype=torch.bool, device=device)
+    expected[0, 9:14, 1] = True
+    assert torch.equal(hit, expected), "triton: a NaN escaped its document"
+    keep = ~expected[..., None].expand_as(outs["triton"][0])
+    assert_rel(outs["triton"][0][keep], outs["torch"][0][keep], 1e-5, "triton vs torch, NaN case")
+    for i in (1, 2, 3):
+        assert torch.isfinite(outs["triton"][i]).all(), f"non-finite gradient {i}"
+        assert_rel(outs["triton"][i], outs["torch"][i], 1e-5, f"triton vs torch grad {i}, NaN case")
+
+
 def check_varlen(device: str) -> None:
     """cu_seqlens through the kernels: both the packed (resets) and the per-length paths equal
     the PyTorch backend, a length-1 sequence included."""
@@ -252,6 +283,7 @@ if __name__ == "__main__":
     check_decode_compiles(dev)
     check_intra_passes_alone(dev)
     check_chunked(dev)
+    check_nonfinite(dev)
     check_varlen(dev)
     check_chunked_compiles_and_exports(dev)
     print("kernel checks passed")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .interdomain.nonfinite import contain, poison_output, poison_state
 from .interdomain.validation import check_reset
 
 
@@ -34,10 +35,21 @@ def s4d_linear_readout(
     zeroed before that position), or None.
 
     Returns y: (B, T, H, Cz) real (z's dtype), or (y, final_state (B, H, M, Cz) complex).
-    Computes in fp32 (fp64 for fp64 z), whatever the ambient autocast.
+    Computes in fp32 (fp64 for fp64 z), whatever the ambient autocast. A non-finite z reaches
+    only its head's later positions in its document (``interdomain.nonfinite``): the FFT and
+    the chunk products would otherwise spread it to every position.
     """
     B, T, H, Cz = z.shape
     check_reset(reset, B, T)
+    (z,), _, initial_state, poison = contain((z,), (), reset, initial_state)
+    y, X = _readout(z, lam, beta, c, initial_state, reset, return_final_state)
+    y = poison_output(y, poison)
+    return (y, poison_state(X, poison)) if return_final_state else y
+
+
+def _readout(z, lam, beta, c, initial_state, reset, need_state: bool):
+    """s4d_linear_readout on finite inputs: (y, final state or None unless need_state)."""
+    B, T, H, Cz = z.shape
     with torch.autocast(z.device.type, enabled=False):
         rdtype = torch.float64 if z.dtype == torch.float64 else torch.float32
         cdtype = torch.complex128 if rdtype == torch.float64 else torch.complex64
@@ -45,7 +57,7 @@ def s4d_linear_readout(
         X0 = None if initial_state is None else initial_state.to(cdtype)
         if reset is not None:
             y, X = _chunked_with_resets(zr, lam, beta, c, X0, reset)
-            return (y.to(z.dtype), X) if return_final_state else y.to(z.dtype)
+            return y.to(z.dtype), X
         n = torch.arange(T, device=z.device)
         pw = _powers(lam, n)  # (H, T, M)
         kernel = ((c * beta)[:, None, :] * pw).sum(-1).real  # (H, T)
@@ -56,8 +68,8 @@ def s4d_linear_readout(
         if X0 is not None:
             decay0 = c[:, None, :] * lam[:, None, :] * pw  # c ⊙ λ^{t+1}: (H, T, M)
             y = y + torch.einsum("htm,bhmc->bthc", decay0, X0).real
-        if not return_final_state:
-            return y.to(z.dtype)
+        if not need_state:
+            return y.to(z.dtype), None
         w_end = beta[:, None, :] * pw.flip(1)  # β λ^{T-1-s}
         X = torch.einsum("hsm,bshc->bhmc", w_end, zr.to(cdtype))
         if X0 is not None:

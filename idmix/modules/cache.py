@@ -45,10 +45,10 @@ class RecurrentCache:
 
     def reset_rows(self, rows: torch.Tensor) -> None:
         """Zero the state of the batch rows where rows (B,) is True (a new document starts)."""
-        keep = (~rows).view(-1, 1, 1, 1)
-        self.state.mul_(keep)
+        new = rows.view(-1, 1, 1, 1)  # a select, not a product: 0·NaN would keep a NaN
+        self.state.copy_(torch.where(new, 0, self.state))
         for conv in (self.conv_q, self.conv_a, self.conv_b):
-            conv.mul_(keep[..., 0].to(conv.dtype))
+            conv.copy_(torch.where(new[..., 0], 0, conv))
 
 
 @tensorclass

@@ -9,6 +9,7 @@ from .chunked import chunk_decay_inputs, chunked_forward
 from .closed_form import interdomain_attention_closed_form
 from .decode import empty_state, interdomain_decode_step, interdomain_decode_step_real
 from .naive import interdomain_attention_naive
+from .nonfinite import poison_output, poison_state, sanitise
 from .realform import blocked_to_interleaved, interleaved_to_state, state_to_interleaved
 from .validation import (
     State,
@@ -105,10 +106,12 @@ def interdomain_attention_real(
         reset=reset,
     )  # fmt: skip
     warn_if_unstable("lam_ri", torch.linalg.vector_norm(lam_ri.detach(), dim=-1))
+    q, k, v, initial_state, poison = sanitise(q, k, v, reset, initial_state)
     with torch.autocast(q.device.type, enabled=False):
-        return _chunked_real(
+        o, state = _chunked_real(
             q, k, v, lam_ri, beta_ri, G_hat, initial_state, chunk_size, reset, backend
         )
+    return poison_output(o, poison), poison_state(state, poison)
 
 
 def _recurrent(q, k, v, lam, beta, C, readout, initial_state, reset):
@@ -123,8 +126,8 @@ def _recurrent(q, k, v, lam, beta, C, readout, initial_state, reset):
         state = tuple(s.to(cdtype) for s in initial_state)
     outs = []
     for t in range(T):
-        if reset is not None:
-            state = tuple(X * ~reset[:, t, None, None, None] for X in state)
+        if reset is not None:  # a select, not a product: 0·NaN would carry a NaN across
+            state = tuple(torch.where(reset[:, t, None, None, None], 0, X) for X in state)
         o_t, state = interdomain_decode_step(q[:, t], k[:, t], v[:, t], lam, beta, G_hat, state)
         outs.append(o_t)
     return torch.stack(outs, dim=1).to(q.dtype), state
@@ -177,24 +180,34 @@ def interdomain_attention(
 
 
 def _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend):
+    """naive runs literally (the reference); the others see sanitised inputs (``nonfinite``):
+    products over chunks would spread a NaN/inf, and so would autograd's 0·NaN backward."""
+    if impl == "naive":
+        _, cdtype = _compute_dtype(q)
+        return interdomain_attention_naive(
+            q, k, v, lam, beta, C.to(cdtype), readout, initial_state, reset
+        )
+    if impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    q, k, v, initial_state, poison = sanitise(q, k, v, reset, initial_state)
+    o, state = _contained(
+        q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend
+    )
+    return poison_output(o, poison), poison_state(state, poison)
+
+
+def _contained(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend):
+    if impl == "recurrent":
+        return _recurrent(q, k, v, lam, beta, C, readout, initial_state, reset)
     if impl == "chunked":
         o, state = _chunked(
             q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset, backend
         )
-    elif impl == "naive":
-        _, cdtype = _compute_dtype(q)
-        o, state = interdomain_attention_naive(
-            q, k, v, lam, beta, C.to(cdtype), readout, initial_state, reset
-        )
-    elif impl == "closed_form":
+    else:
         _, cdtype = _compute_dtype(q)
         o, state = interdomain_attention_closed_form(
             q, k, v, lam, beta, C.to(cdtype), readout, initial_state, reset
         )
-    elif impl == "recurrent":
-        o, state = _recurrent(q, k, v, lam, beta, C, readout, initial_state, reset)
-    else:
-        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     return o, state
 
 

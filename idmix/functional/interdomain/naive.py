@@ -36,9 +36,9 @@ def interdomain_attention_naive(
         Xk, Xv = (s.to(cdtype) for s in initial_state)
     outs = []
     for t in range(T):
-        if reset is not None:
-            keep = ~reset[:, t, None, None, None]
-            Xk, Xv = Xk * keep, Xv * keep
+        if reset is not None:  # a select: a NaN in an earlier document never crosses
+            new_doc = reset[:, t, None, None, None]
+            Xk, Xv = torch.where(new_doc, 0, Xk), torch.where(new_doc, 0, Xv)
         Xk = lam_ * Xk + beta_ * k[:, t, :, None, :].to(cdtype)
         Xv = lam_ * Xv + beta_ * v[:, t, :, None, :].to(cdtype)
         U, Gam = C @ Xk, C @ Xv  # (B, H, M, R), (B, H, M, D)

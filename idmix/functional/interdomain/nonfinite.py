@@ -1,0 +1,90 @@
+"""Containment of non-finite inputs for the fast paths (chunked, its kernels, closed form).
+
+The per-step recurrence contains a NaN/inf by itself: it reaches the state at its position and
+every later position of its document, and a reset (a select, never a product with 0) drops it.
+The chunked path multiplies whole chunks (0·NaN = NaN inside a matrix product) and would spread
+it to earlier positions and later documents. So the fast paths see sanitised inputs, and the
+damage is put back where the recurrence would have it:
+
+- a head's inputs at position t are *bad* if any of its q, k or v channels is non-finite there
+  (q only at t itself; k and v from t on); the initial state of a head is bad if any entry is;
+- bad entries are replaced by zeros before the products;
+- the head's output is NaN at every position of the document from the first bad k/v on (and at
+  each bad q), every channel; its final state is NaN if its last document is poisoned.
+
+Granularity is the head: where the recurrence would leave some channels finite (a NaN in one
+value channel only), the whole head row is NaN here. Everything else (earlier positions, other
+documents, other heads) equals the result on the sanitised inputs, i.e. is untouched.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Poison(NamedTuple):
+    output: torch.Tensor  # (B, T, H) bool: output rows to set to NaN
+    final: torch.Tensor  # (B, H) bool: final states to set to NaN
+
+
+def _bad(x: torch.Tensor) -> torch.Tensor:
+    """(B, T, H, C) -> (B, T, H): any channel non-finite."""
+    return ~torch.isfinite(x).all(dim=-1)
+
+
+def _zero_nonfinite(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def contain(carried, read, reset, initial_state):
+    """carried: tensors (B, T, H, ·) that enter the state (k, v; z of the S4D readout); read:
+    tensors (B, T, H, ·) used at their own position only (q); initial_state: None, a tensor
+    (B, H, ...) or a tuple of them. Returns (carried, read, initial_state) with non-finite
+    entries zeroed, and the Poison of the outputs and final state."""
+    x0 = carried[0]
+    B, T, H = x0.shape[:3]
+    bad = torch.zeros(B, T, H, dtype=torch.bool, device=x0.device)
+    for x in carried:
+        bad |= _bad(x)
+    doc = torch.zeros(B, T, dtype=torch.long, device=x0.device)
+    if reset is not None:
+        doc = reset.long().cumsum(dim=1)  # the document of each position; 0 continues the state
+    doc = doc[:, :, None].expand(B, T, H)
+    last_bad = torch.where(bad, doc, torch.full_like(doc, -1))
+    if initial_state is not None:  # a bad initial state poisons document 0 of its head
+        parts = initial_state if isinstance(initial_state, (tuple, list)) else (initial_state,)
+        bad_init = torch.zeros(B, H, dtype=torch.bool, device=x0.device)
+        for part in parts:
+            bad_init |= ~torch.isfinite(part).flatten(2).all(dim=-1)
+        last_bad = torch.maximum(last_bad, torch.where(bad_init, 0, -1)[:, None, :])
+        clean = tuple(_zero_nonfinite(part) for part in parts)
+        initial_state = clean if isinstance(initial_state, (tuple, list)) else clean[0]
+    poisoned = last_bad.cummax(dim=1).values == doc  # (B, T, H)
+    output = poisoned
+    for x in read:
+        output = output | _bad(x)
+    carried = tuple(_zero_nonfinite(x) for x in carried)
+    read = tuple(_zero_nonfinite(x) for x in read)
+    return carried, read, initial_state, Poison(output, poisoned[:, -1])
+
+
+def sanitise(q, k, v, reset, initial_state):
+    """``contain`` for the interdomain op: returns (q, k, v, initial_state, Poison)."""
+    (k, v), (q,), initial_state, poison = contain((k, v), (q,), reset, initial_state)
+    return q, k, v, initial_state, poison
+
+
+def poison_output(o: torch.Tensor, poison: Poison) -> torch.Tensor:
+    """o: (B, T, H, D) with the poisoned rows set to NaN."""
+    return torch.where(poison.output[..., None], torch.full((), float("nan"), dtype=o.dtype), o)
+
+
+def poison_state(state, poison: Poison):
+    """A final state (B, H, ...) tensor or tuple of them, NaN where its head is poisoned."""
+    def one(x):
+        mask = poison.final.view(*poison.final.shape, *([1] * (x.dim() - 2)))
+        return torch.where(mask, torch.full((), float("nan"), dtype=x.dtype), x)
+
+    return tuple(one(x) for x in state) if isinstance(state, (tuple, list)) else one(state)
