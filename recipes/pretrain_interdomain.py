@@ -28,6 +28,7 @@ from torchtune.modules import TransformerSelfAttentionLayer
 from tqdm import tqdm
 
 from idmix.training import checkpoint as ckpt
+from idmix.training.faults import kill_point
 from idmix.training.files import atomic_write_json
 from idmix.training.optim import param_groups, warmup_cosine
 from idmix.training.packing import PackedStream, cycling_documents, streaming_documents
@@ -248,6 +249,7 @@ class PretrainRecipe:
             loss = self._loss(*self.train_stream.next_batch(self.cfg.batch_size)) / self.accum
             loss.backward()
             loss_sum += loss.item()
+        kill_point("mid_step", self.step + 1)  # crash tests only (IDMIX_KILL_AT)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad_norm)
         if isinstance(grad_norm, torch.distributed.tensor.DTensor):
             grad_norm = grad_norm.full_tensor()

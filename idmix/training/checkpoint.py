@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from .faults import kill_point
 from .files import atomic_write, atomic_write_text
 
 
@@ -65,12 +66,15 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, extra: dict) -> 
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    kill_point("mid_checkpoint", step)
     torch.save({**extra, "rng": rng_state()}, tmp / f"extra_rank{_rank()}.pt")
     _barrier()
     if _rank() == 0:
+        kill_point("before_rename", step)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        kill_point("before_pointer", step)
         atomic_write_text(root / "latest", final.name + "\n")
     _barrier()
     return final

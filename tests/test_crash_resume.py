@@ -1,0 +1,62 @@
+"""Kill -9 at the worst moments, resume each time: the run ends loss-for-loss identical to a
+straight one, and a partial checkpoint is never picked up (``idmix.training.faults``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from idmix.training.checkpoint import latest_checkpoint
+from idmix.training.faults import ENV, POINTS
+
+ROOT = Path(__file__).resolve().parent.parent
+TUNE = str(Path(sys.executable).with_name("tune"))
+COMMON = ["seq_len=32", "batch_size=2", "max_steps=10", "warmup_steps=2", "eval_every_n_steps=0",
+          "save_every_n_steps=2", "log_every_n_steps=1"]  # fmt: skip
+# one crash per point, each in the run resumed after the previous one
+CHAIN = ["mid_step@3", "mid_checkpoint@4", "before_rename@6", "before_pointer@8"]
+
+
+def tune_run(run: Path, *extra, kill_at: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    if kill_at:
+        env[ENV] = kill_at
+    cmd = [TUNE, "run", "recipes/pretrain_interdomain.py", "--config",
+           "recipes/configs/tiny_interdomain.yaml", f"output_dir={run}", *COMMON, *extra]  # fmt: skip
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def losses(run: Path) -> list[tuple[int, float, float]]:
+    return [(h["step"], h["loss"], h["lr"]) for h in json.loads((run / "history.json").read_text())]
+
+
+def test_the_chain_covers_every_point():
+    assert {c.split("@")[0] for c in CHAIN} == set(POINTS)
+
+
+def test_kill_9_at_every_point_then_resume_matches_a_straight_run(tmp_path):
+    straight = tmp_path / "straight"
+    assert tune_run(straight).returncode == 0
+    run = tmp_path / "crashed"
+    resume = []
+    for point in CHAIN:
+        out = tune_run(run, *resume, kill_at=point)
+        assert out.returncode == -signal.SIGKILL, (point, out.returncode, out.stderr[-2000:])
+        latest = latest_checkpoint(run)
+        assert latest is not None and (latest / "extra_rank0.pt").is_file() and (latest / ".metadata").is_file()
+        step = int(point.split("@")[1])
+        expected = {"mid_step": step - 1, "mid_checkpoint": step - 2, "before_rename": step - 2,
+                    "before_pointer": step - 2}[point.split("@")[0]]  # fmt: skip
+        assert latest.name == f"step_{expected:06d}", (point, latest.name)
+        resume = ["resume_from_checkpoint=True"]
+    out = tune_run(run, *resume)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert losses(run) == losses(straight)
+    a, b = (torch.load(r / "model_final.pt", weights_only=True)["model"] for r in (run, straight))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
