@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from idmix.functional import interdomain_attention
+from idmix.functional import interdomain_attention, interdomain_decode_step, readout_gram
 from idmix.functional.interdomain import chunked
-from tests.helpers import assert_rel, make_problem
+from tests.helpers import assert_rel, make_problem, rel_rmse
 
 
 def op(p, **kw):
@@ -16,17 +16,39 @@ def op(p, **kw):
 
 @pytest.mark.parametrize("dt_range", [(1e-3, 1e-1), (1.0, 10.0)])
 def test_float32_stable_at_64k(dt_range):
-    """T = 65,536 in fp32 matches the fp64 chunked path (itself checked against the reference)."""
+    """T = 65,536 in fp32 chunked against an independent reference: the literal per-step fp64
+    recurrence at every position (~10 s). Measured: relative RMSE ≤ 3e-7, worst position
+    ≤ 4.3e-6 of the output RMS, final state ≤ 5.2e-7."""
     kw = dict(B=1, T=65536, H=2, R=4, D=4, M=4, dt_range=dt_range, with_state=False)
     p64, p32 = make_problem(**kw), make_problem(dtype=torch.float32, **kw)
     o32, s32 = op(p32, return_final_state=True)
-    o64, s64 = op(p64, return_final_state=True)
+    o64, s64 = op(p64, return_final_state=True, impl="naive")
     assert torch.isfinite(o32).all()
-    assert_rel(o32, o64, 5e-3, "o")
-    assert_rel(s32[1], s64[1], 5e-3, "Xv")
+    assert_rel(o32, o64, 1e-5, "o", max_tol=1e-4)
+    assert_rel(s32[0], s64[0], 1e-5, "Xk", max_tol=1e-4)
+    assert_rel(s32[1], s64[1], 1e-5, "Xv", max_tol=1e-4)
+
+
+def bf16_state_run(p, inputs):
+    """What a bf16 state would give: the per-step recurrence on the same bf16 inputs with the
+    state rounded to bf16 after every step (outputs rounded as the op's are)."""
+    def rnd(X):
+        return torch.complex(X.real.bfloat16().float(), X.imag.bfloat16().float())
+
+    G = readout_gram(p["C"], "conj")
+    state, outs = tuple(s.clone() for s in p["initial_state"]), []
+    for t in range(inputs["q"].shape[1]):
+        step = (inputs[n][:, t].float() for n in ("q", "k", "v"))
+        o_t, state = interdomain_decode_step(*step, p["lam"], p["beta"], G, state)
+        state = tuple(rnd(X) for X in state)
+        outs.append(o_t.bfloat16().float())
+    return torch.stack(outs, dim=1), state
 
 
 def test_bf16_autocast_keeps_state_fp32():
+    """Under bf16 autocast the output and state stay as close to fp32 as bf16 inputs allow
+    (measured: 2.4e-3 and 1.5e-3 relative RMSE); a bf16 state measurably fails these bounds
+    (1.5e-2 and 1.1e-2), so the test tells the two apart."""
     p = make_problem(B=2, T=200, H=2, R=16, D=16, M=8, dtype=torch.float32)
     ref, ref_state = op(p, initial_state=p["initial_state"], return_final_state=True)
     leaves = {n: p[n].bfloat16().requires_grad_() for n in ("q", "k", "v")}
@@ -35,8 +57,11 @@ def test_bf16_autocast_keeps_state_fp32():
         o.float().square().sum().backward()
     assert o.dtype == torch.bfloat16
     assert state[0].dtype == torch.complex64 and state[1].dtype == torch.complex64
-    assert_rel(o.float(), ref, 2e-2, "bf16 output")
-    assert_rel(state[1], ref_state[1], 2e-2, "bf16 state")
+    out_tol, state_tol = 5e-3, 3e-3
+    assert_rel(o.float(), ref, out_tol, "bf16 output", max_tol=0.1)
+    assert_rel(state[1], ref_state[1], state_tol, "bf16 state", max_tol=0.05)
+    bf16_o, bf16_s = bf16_state_run(p, {n: x.detach() for n, x in leaves.items()})
+    assert rel_rmse(bf16_o, ref) > 2 * out_tol and rel_rmse(bf16_s[1], ref_state[1]) > 2 * state_tol
     for n, x in leaves.items():
         assert x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all(), n
 
@@ -69,6 +94,8 @@ def test_autograd_keeps_no_per_position_state():
         # per-head tensors independent of T: Ĝ, C, and the decay tensors of one chunk length
         # (and the intermediates autograd keeps to carry their gradients on to λ and β)
         small = 4 * H * (64 * (64 + 1) * 2 * M + 4 * (2 * M) ** 2)
-        assert sizes[M] <= inputs + segments * per_state + small, (M, sizes[M])
+        # non-finite containment keeps a bool mask per input entry (and one per output row)
+        masks = inputs // 4 + B * T * H
+        assert sizes[M] <= inputs + masks + segments * per_state + small, (M, sizes[M])
     # 16x more modes costs far less than 16x more saved memory.
     assert sizes[64] < 3 * sizes[4]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from idmix.functional import interdomain_attention
-from tests.helpers import assert_rel, make_problem
+from tests.helpers import TOL_FP32, TOL_FP64, assert_rel, make_problem
 
 GRAD_INPUTS = ("q", "k", "v", "lam", "beta", "C", "Xk0", "Xv0")
 
@@ -60,7 +60,7 @@ def test_float64_all_impls_agree(T, readout):
     p = make_problem(B=2, T=T, H=2, R=5, D=7, M=6)
     ref = run(p, "naive", readout)
     for impl in ("chunked", "closed_form", "recurrent"):
-        compare(run(p, impl, readout), ref, 1e-10, f"{impl} T={T} {readout}")
+        compare(run(p, impl, readout), ref, TOL_FP64, f"{impl} T={T} {readout}")
 
 
 @pytest.mark.parametrize("readout", ["conj", "product"])
@@ -70,7 +70,7 @@ def test_float64_ragged_long(readout, segments, request):
     if segments == "small":
         request.getfixturevalue("small_segments")
     p = make_problem(B=1, T=500, H=2, R=3, D=4, M=5)
-    compare(run(p, "chunked", readout, chunk_size=8), run(p, "naive", readout), 1e-9, "T=500")
+    compare(run(p, "chunked", readout, chunk_size=8), run(p, "naive", readout), TOL_FP64, "T=500")
 
 
 @pytest.mark.parametrize("readout", ["conj", "product"])
@@ -78,7 +78,7 @@ def test_float64_ragged_long(readout, segments, request):
 def test_float32_matches_float64_reference(T, readout):
     p64 = make_problem(B=2, T=T, H=3, R=8, D=8, M=8, dt_range=(1e-3, 1e-1))
     p32 = make_problem(B=2, T=T, H=3, R=8, D=8, M=8, dt_range=(1e-3, 1e-1), dtype=torch.float32)
-    compare(run(p32, "chunked", readout, chunk_size=32), run(p64, "naive", readout), 5e-3, "fp32")
+    compare(run(p32, "chunked", readout, chunk_size=32), run(p64, "naive", readout), TOL_FP32, "fp32")
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 64])
@@ -88,8 +88,8 @@ def test_large_step_sizes(chunk_size):
     p32 = make_problem(B=1, T=150, H=2, R=4, D=4, M=6, dt_range=(2.0, 10.0), dtype=torch.float32)
     assert (p64["lam"].abs() < 0.37).all()
     ref = run(p64, "naive", "conj")
-    compare(run(p64, "chunked", "conj", chunk_size), ref, 1e-10, "fp64 large dt")
-    compare(run(p32, "chunked", "conj", chunk_size), ref, 5e-3, "fp32 large dt")
+    compare(run(p64, "chunked", "conj", chunk_size), ref, TOL_FP64, "fp64 large dt")
+    compare(run(p32, "chunked", "conj", chunk_size), ref, 1e-5, "fp32 large dt")  # measured 2e-7
 
 
 def test_odd_dims_without_initial_state():
@@ -101,7 +101,7 @@ def test_odd_dims_without_initial_state():
         ref = interdomain_attention(
             p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"], impl="naive"
         )
-        assert_rel(o, ref, 1e-10, impl)
+        assert_rel(o, ref, TOL_FP64, impl)
 
 
 def test_chunked_writes_every_output(poison):
@@ -142,7 +142,7 @@ def test_resets_match_reference_with_gradients(readout, segments, request):
     reset[1, 16] = reset[1, 17] = reset[1, 32] = True  # chunk edges, back-to-back starts
     ref = run(p, "naive", readout, reset=reset)
     for impl in ("chunked", "closed_form", "recurrent"):
-        compare(run(p, impl, readout, chunk_size=16, reset=reset), ref, 1e-10, f"{impl} reset")
+        compare(run(p, impl, readout, chunk_size=16, reset=reset), ref, TOL_FP64, f"{impl} reset")
 
 
 def test_resets_equal_separate_sequences():
@@ -159,4 +159,4 @@ def test_resets_equal_separate_sequences():
         ],
         dim=1,
     )
-    assert_rel(o, ref, 1e-10, "packed")
+    assert_rel(o, ref, TOL_FP64, "packed")

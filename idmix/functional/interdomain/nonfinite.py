@@ -29,13 +29,19 @@ class Poison(NamedTuple):
     final: torch.Tensor  # (B, H) bool: final states to set to NaN
 
 
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    """isfinite on the values only (on x itself autograd would save x for abs's backward)."""
+    return torch.isfinite(x.detach())
+
+
 def _bad(x: torch.Tensor) -> torch.Tensor:
     """(B, T, H, C) -> (B, T, H): any channel non-finite."""
-    return ~torch.isfinite(x).all(dim=-1)
+    return ~_finite(x).all(dim=-1)
 
 
 def _zero_nonfinite(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    """x with non-finite entries zeroed; autograd keeps only the bool mask (1 byte/entry)."""
+    return torch.where(_finite(x), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def contain(carried, read, reset, initial_state):
@@ -57,7 +63,7 @@ def contain(carried, read, reset, initial_state):
         parts = initial_state if isinstance(initial_state, (tuple, list)) else (initial_state,)
         bad_init = torch.zeros(B, H, dtype=torch.bool, device=x0.device)
         for part in parts:
-            bad_init |= ~torch.isfinite(part).flatten(2).all(dim=-1)
+            bad_init |= ~_finite(part).flatten(2).all(dim=-1)
         last_bad = torch.maximum(last_bad, torch.where(bad_init, 0, -1)[:, None, :])
         clean = tuple(_zero_nonfinite(part) for part in parts)
         initial_state = clean if isinstance(initial_state, (tuple, list)) else clean[0]
