@@ -11,6 +11,9 @@ from idmix.functional import interdomain_attention, interdomain_attention_real, 
 from idmix.functional.interdomain import interdomain_attention_varlen, state_to_interleaved
 from tests.helpers import make_problem, tiny_model
 
+# every op here runs with fresh allocations poisoned to NaN (tests/helpers.PoisonEmpty)
+pytestmark = pytest.mark.usefixtures("poison")
+
 B, T, H, R, D, M = 2, 37, 2, 3, 4, 5
 STARTS = [0, 12, 25]  # documents of row 0: [0, 12), [12, 25), [25, 37); row 1 is one document
 IMPLS = ["chunked", "closed_form", "naive", "recurrent"]

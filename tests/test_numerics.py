@@ -9,6 +9,9 @@ from idmix.functional import interdomain_attention, interdomain_decode_step, rea
 from idmix.functional.interdomain import chunked
 from tests.helpers import assert_rel, make_problem, rel_rmse
 
+# every op here runs with fresh allocations poisoned to NaN (tests/helpers.PoisonEmpty)
+pytestmark = pytest.mark.usefixtures("poison")
+
 
 def op(p, **kw):
     return interdomain_attention(p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"], **kw)

@@ -22,6 +22,9 @@ from idmix.functional.interdomain.realform import interleaved_to_state, state_to
 from idmix.functional.s4d_readout import s4d_linear_readout, s4d_linear_readout_naive
 from tests.helpers import assert_rel, make_problem
 
+# every op here runs with fresh allocations poisoned to NaN (tests/helpers.PoisonEmpty)
+pytestmark = pytest.mark.usefixtures("poison")
+
 
 def s4d_problem(B, T, H=2, C=3, M=5, seed=0):
     p = make_problem(B=B, T=T, H=H, R=C, D=1, M=M, seed=seed)

@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 from idmix.functional import interdomain_attention, interdomain_attention_varlen
 from tests.helpers import assert_rel, make_problem
 
+# every op here runs with fresh allocations poisoned to NaN (tests/helpers.PoisonEmpty)
+pytestmark = pytest.mark.usefixtures("poison")
+
 
 def packed_problem(lengths, H=2, R=3, D=4, M=5, dtype=torch.float64, seed=0):
     S, N = sum(lengths), len(lengths)
