@@ -168,3 +168,22 @@ def test_s4d_linear_readout_contains_too(base, with_reset):
     keep = ~affected[..., None].expand_as(y)
     torch.testing.assert_close(y[keep], clean_y[keep], rtol=1e-10, atol=1e-12)
     assert torch.isfinite(X).all() == (not affected[:, -1].any())
+
+
+def test_containment_path_is_exact_on_finite_inputs(base, monkeypatch):
+    """Compiled graphs and GPU tensors always take the containing path (no host sync to skip
+    it): on finite inputs it changes nothing, gradients included."""
+    from idmix.functional.interdomain import nonfinite
+
+    p, reset = base
+    leaves = lambda: {n: p[n].clone().requires_grad_() for n in ("q", "k", "v")}  # noqa: E731
+    results = []
+    for forced in (False, True):
+        if forced:
+            monkeypatch.setattr(nonfinite, "check_values", lambda x: False)
+        x = leaves()
+        o, s = run(p, reset, "chunked", **x)
+        (o.square().sum() + s[1].abs().sum()).backward()
+        results.append((o, *s, *(t.grad for t in x.values())))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
