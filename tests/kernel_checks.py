@@ -9,7 +9,7 @@ import sys
 import torch
 
 from idmix.functional import empty_state, interdomain_decode_step, readout_gram
-from tests.helpers import assert_rel, make_problem
+from tests.helpers import PoisonEmpty, assert_rel, make_problem
 
 
 def check_decode(device: str) -> None:
@@ -283,6 +283,10 @@ if __name__ == "__main__":
     check_decode_compiles(dev)
     check_intra_passes_alone(dev)
     check_chunked(dev)
+    with PoisonEmpty() as mode:  # every buffer the decode kernel leaves unwritten reads as NaN
+        check_decode(dev)
+        check_real_decode(dev)
+    assert mode.poisoned > 0
     check_nonfinite(dev)
     check_varlen(dev)
     check_chunked_compiles_and_exports(dev)
