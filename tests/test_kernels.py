@@ -17,17 +17,17 @@ ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("triton")
 
 
-def run_checks(device: str) -> None:
+def run_checks(device: str, *extra: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
     out = subprocess.run(
-        [sys.executable, str(ROOT / "tests/kernel_checks.py"), device],
+        [sys.executable, str(ROOT / "tests/kernel_checks.py"), device, *extra],
         capture_output=True,
         text=True,
         env=env,
         cwd=ROOT,
-        timeout=600,
+        timeout=3600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "kernel checks passed" in out.stdout
@@ -35,6 +35,13 @@ def run_checks(device: str) -> None:
 
 def test_kernels_interpreted_on_cpu():
     run_checks("cpu")
+
+
+@pytest.mark.slow
+def test_kernels_interpreted_on_cpu_at_the_paper_head_size():
+    """T = 1100, R = D = M = 64 under the interpreter (minutes): against the torch backend
+    (outputs, states, every gradient) and the literal recurrence on sampled positions."""
+    run_checks("cpu", "--large")
 
 
 @pytest.mark.gpu
