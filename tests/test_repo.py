@@ -1,4 +1,4 @@
-"""The README's promise: its first two commands are exactly what CI runs."""
+"""The README's promise: its first two commands are exactly what CI runs first."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ def test_ci_runs_the_readme_commands():
         for c in (ROOT / ".ci/run").read_text().splitlines()
         if c.strip() and not c.startswith(("#", "set ", "cd "))
     ]
-    assert ci == commands
+    assert ci[:2] == commands
+    # after them, CI may run further tiers of the suite (the slow compile goldens), nothing else
+    assert all(c.startswith("python -m pytest ") for c in ci[2:]), ci[2:]
 
 
 def test_core_imports_only_torch():
