@@ -116,7 +116,11 @@ def generate(
     per (model, batch size) and never again across steps (the caches are updated in place).
     """
     prompts = _check_prompts(prompts, model.tok_embeddings.num_embeddings)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 1
+    ):
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
     check_sampling(temperature, top_k, top_p)
     device = next(model.parameters()).device

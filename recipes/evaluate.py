@@ -6,9 +6,9 @@ The model is ``idmix.evaluation.lm_eval_model.IdmixLM`` (lm-eval name ``idmix``)
 ``model_final.pt`` export. Tasks come from lm-eval's registry or from ``include_path`` (the
 offline Shakespeare tasks in ``recipes/eval_tasks``); ``perplexity_dataset`` (any dataset
 component, e.g. ``idmix.training.corpus.text_corpus`` on your own files) adds the task
-``corpus_perplexity``: lm-eval's rolling perplexity over its documents. Writes ``results.json`` (lm-eval's
-output) and ``results.md`` (lm-eval's table, then one headline metric per task and their mean,
-the paper's Table 7 layout) to output_dir.
+``corpus_perplexity``: lm-eval's rolling perplexity over its documents. Writes
+``results.json`` (lm-eval's output) and ``results.md`` (lm-eval's table, then one headline
+metric per task and their mean, the paper's Table 7 layout) to output_dir.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import json
 import sys
 
 import datasets
-
 import torch
 from lm_eval import simple_evaluate
 from lm_eval.tasks import TaskManager
@@ -71,7 +70,9 @@ def corpus_task(dataset_cfg, limit: int | None) -> dict:
         "doc_to_text": "",
         "doc_to_target": "{{text}}",
         "should_decontaminate": False,
-        "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")],
+        "metric_list": [
+            {"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")
+        ],
         "metadata": {"version": 1.0},
     }
 

@@ -192,7 +192,9 @@ def plot(cfg, results: dict, eval_settings, out) -> None:
     for task, seq_len, size in eval_settings:
         x = seq_len if size is None else size
         for mixer, r in results.items():
-            xs, ys = panels.setdefault(LABELS[task], {}).setdefault(f"{mixer} (lr {r['lr']:g})", ([], []))
+            xs, ys = panels.setdefault(LABELS[task], {}).setdefault(
+                f"{mixer} (lr {r['lr']:g})", ([], [])
+            )
             xs.append(x)
             ys.append(r["scores"][task][label(task, seq_len, size)])
     line_plot(

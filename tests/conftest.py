@@ -4,14 +4,14 @@ import pytest
 import torch
 from hypothesis import settings
 
+from tests.helpers import PoisonEmpty
+
 # Property tests reproduce: "ci" (the default) derandomises, so a failure recurs on every run
 # and machine and hypothesis prints the failing example; HYPOTHESIS_PROFILE=explore searches
 # with fresh randomness (and prints the seed to reproduce with --hypothesis-seed).
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("explore", print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-from tests.helpers import PoisonEmpty
 
 
 @pytest.fixture

@@ -128,7 +128,9 @@ def test_bad_input_is_named(p, case):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter is on")
 @pytest.mark.parametrize("entry", [core, real, step])
 def test_triton_on_cpu_without_the_interpreter_says_how(p, entry):
-    with pytest.raises(ValueError, match=r"backend: 'triton' on CPU tensors needs .*TRITON_INTERPRET=1"):
+    with pytest.raises(
+        ValueError, match=r"backend: 'triton' on CPU tensors needs .*TRITON_INTERPRET=1"
+    ):
         entry(p, backend="triton")
 
 

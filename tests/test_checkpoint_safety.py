@@ -43,12 +43,17 @@ def test_pickled_objects_are_refused_without_running(tmp_path):
     "config",
     [
         {"_component_": "builtins.open", "file": "x", "mode": "w"},
-        {"_component_": "idmix.models.decoder", "norm": {"_component_": "os.system", "command": "true"}},
+        {
+            "_component_": "idmix.models.decoder",
+            "norm": {"_component_": "os.system", "command": "true"},
+        },
     ],
 )
 def test_a_config_naming_other_code_is_refused(tmp_path, config):
     torch.save({"model": {}, "model_config": config}, tmp_path / "m.pt")
-    with pytest.raises(ValueError, match=r"model_config names the builder '(builtins.open|os.system)'"):
+    with pytest.raises(
+        ValueError, match=r"model_config names the builder '(builtins.open|os.system)'"
+    ):
         load_exported_model(tmp_path / "m.pt")
 
 

@@ -27,8 +27,9 @@ def tune_run(run: Path, *extra, kill_at: str | None = None) -> subprocess.Comple
     env = {k: v for k, v in os.environ.items() if k != ENV}
     if kill_at:
         env[ENV] = kill_at
-    cmd = [TUNE, "run", "recipes/pretrain_interdomain.py", "--config",
-           "recipes/configs/tiny_interdomain.yaml", f"output_dir={run}", *COMMON, *extra]  # fmt: skip
+    config = ["--config", "recipes/configs/tiny_interdomain.yaml"]
+    cmd = [TUNE, "run", "recipes/pretrain_interdomain.py", *config, f"output_dir={run}"]
+    cmd += [*COMMON, *extra]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -49,7 +50,11 @@ def test_kill_9_at_every_point_then_resume_matches_a_straight_run(tmp_path):
         out = tune_run(run, *resume, kill_at=point)
         assert out.returncode == -signal.SIGKILL, (point, out.returncode, out.stderr[-2000:])
         latest = latest_checkpoint(run)
-        assert latest is not None and (latest / "extra_rank0.pt").is_file() and (latest / ".metadata").is_file()
+        assert (
+            latest is not None
+            and (latest / "extra_rank0.pt").is_file()
+            and (latest / ".metadata").is_file()
+        )
         step = int(point.split("@")[1])
         expected = {"mid_step": step - 1, "mid_checkpoint": step - 2, "before_rename": step - 2,
                     "before_pointer": step - 2}[point.split("@")[0]]  # fmt: skip

@@ -108,7 +108,8 @@ def test_train_recall_recipe(tmp_path):
             "warmup_steps=1",
             "lrs=[1e-3,3e-3]",
             "train=[{task: mqar, seq_len: 32, size: [2, 4]}, {task: passkey, seq_len: 64}]",
-            "evaluate=[{task: mqar, seq_len: 32, size: 4}, {task: phonebook, seq_len: 128, size: 16},"
+            "evaluate=[{task: mqar, seq_len: 32, size: 4},"
+            " {task: phonebook, seq_len: 128, size: 16},"
             " {task: passkey, seq_len: 32}, {task: passkey, seq_len: 128}]",
             "eval_examples=4",
             f"output_dir={out_dir}",
@@ -129,8 +130,14 @@ def test_train_recall_recipe(tmp_path):
     [
         ("train=[{task: copy, seq_len: 64}]", "train\\[0\\].task: expected one of"),
         ("train=[{task: mqar, seq_len: 64, size: 4}]", "train\\[0\\].size: expected \\[lo, hi\\]"),
-        ("train=[{task: mqar, seq_len: 64, size: [2, 20]}]", "train\\[0\\]: 20 pairs need 80 tokens"),
-        ("evaluate=[{task: mqar, seq_len: 64, size: [4]}]", "evaluate\\[0\\].size: expected a positive int"),
+        (
+            "train=[{task: mqar, seq_len: 64, size: [2, 20]}]",
+            "train\\[0\\]: 20 pairs need 80 tokens",
+        ),
+        (
+            "evaluate=[{task: mqar, seq_len: 64, size: [4]}]",
+            "evaluate\\[0\\].size: expected a positive int",
+        ),
         ("vocab_size=8192", "model: vocab_size 512 < the probes' vocab_size 8192"),
         ("lrs=[]", "lrs: expected a list of positive rates"),
     ],

@@ -56,7 +56,9 @@ def test_options_change_the_layer():
     prod.load_state_dict(base.state_dict())
     x = torch.randn(1, 17, D)
     for layer, convention in ((base, "conj"), (prod, "product")):
-        torch.testing.assert_close(layer(x), literal_forward(layer, x, convention), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            layer(x), literal_forward(layer, x, convention), rtol=1e-4, atol=1e-5
+        )
     assert (prod(x) - base(x)).abs().max() > 0.1 * base(x).abs().max()  # the two really differ
     assert params(S4DMixer(D, H, num_modes=M)) == params(base) + H * M
     assert params(SoftmaxAttention(D, H)) == 4 * D * D

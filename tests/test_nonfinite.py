@@ -57,7 +57,9 @@ CASES = {  # name: (tensor, index, affected region)
 }
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize(
+    "bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"]
+)
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_forward_reaches_only_later_positions_of_its_document(base, impl, case, bad):
@@ -100,6 +102,7 @@ def test_a_bad_initial_state_poisons_only_until_the_first_reset(base, impl):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_backward_is_finite_and_other_documents_keep_their_gradients(base, impl):
     p, reset = base
+
     def grads(k_value):
         leaves = {n: p[n].clone().requires_grad_() for n in ("q", "k", "v")}
         k = with_value(leaves["k"], (0, 15, 1, 2), k_value)
@@ -128,11 +131,15 @@ def test_real_form_and_varlen(base):
     G = readout_gram(p["C"], "conj")
     k = with_value(p["k"], (0, 15, 1, 2), float("nan"))
     Z0 = state_to_interleaved(*p["initial_state"])
-    o, Z = interdomain_attention_real(p["q"], k, p["v"], lam_ri, beta_ri, G, Z0, chunk_size=8, reset=reset)
+    o, Z = interdomain_attention_real(
+        p["q"], k, p["v"], lam_ri, beta_ri, G, Z0, chunk_size=8, reset=reset
+    )
     assert torch.equal(~torch.isfinite(o).all(-1), region(0, 15, 1, to=25))
     assert torch.isfinite(Z).all()
     cu = torch.tensor(STARTS + [T])
-    ov = interdomain_attention_varlen(p["q"][:1], k[:1], p["v"][:1], p["lam"], p["beta"], p["C"], cu, chunk_size=8)
+    ov = interdomain_attention_varlen(
+        p["q"][:1], k[:1], p["v"][:1], p["lam"], p["beta"], p["C"], cu, chunk_size=8
+    )
     assert torch.equal(~torch.isfinite(ov[0]).all(-1), region(0, 15, 1, to=25)[0])
 
 
@@ -161,7 +168,9 @@ def test_s4d_linear_readout_contains_too(base, with_reset):
     z = torch.cat([p["k"], p["v"]], dim=-1)
     c = p["C"][:, 0]
     bad = with_value(z, (0, 15, 1, 2), float("nan"))
-    clean_y, clean_X = s4d_linear_readout(z, p["lam"], p["beta"], c, return_final_state=True, reset=reset)
+    clean_y, clean_X = s4d_linear_readout(
+        z, p["lam"], p["beta"], c, return_final_state=True, reset=reset
+    )
     y, X = s4d_linear_readout(bad, p["lam"], p["beta"], c, return_final_state=True, reset=reset)
     affected = region(0, 15, 1, to=25 if with_reset else T)
     assert torch.equal(~torch.isfinite(y).all(-1), affected)

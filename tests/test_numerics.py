@@ -35,6 +35,7 @@ def test_float32_stable_at_64k(dt_range):
 def bf16_state_run(p, inputs):
     """What a bf16 state would give: the per-step recurrence on the same bf16 inputs with the
     state rounded to bf16 after every step (outputs rounded as the op's are)."""
+
     def rnd(X):
         return torch.complex(X.real.bfloat16().float(), X.imag.bfloat16().float())
 

@@ -23,13 +23,17 @@ from idmix.training.corpus import held_out, text_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 TUNE = str(Path(sys.executable).with_name("tune"))
-WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hum old tunes".split()
+WORDS = (
+    "the quick brown fox jumps over a lazy dog while seven wizards quietly hum old tunes".split()
+)
 
 
 def paragraphs(n: int, seed: int = 0) -> list[str]:
     g = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, len(WORDS), (n, 40), generator=g).tolist()
-    return [" ".join(WORDS[i] for i in row[: 20 + k % 20]) + f" {k}." for k, row in enumerate(picks)]
+    return [
+        " ".join(WORDS[i] for i in row[: 20 + k % 20]) + f" {k}." for k, row in enumerate(picks)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("own")
     docs = paragraphs(400)
     (d / "notes.txt").write_text("\n\n".join(docs) + "\n")
-    (d / "notes.jsonl").write_text("".join(json.dumps({"body": t, "n": i}) + "\n" for i, t in enumerate(docs)))
+    (d / "notes.jsonl").write_text(
+        "".join(json.dumps({"body": t, "n": i}) + "\n" for i, t in enumerate(docs))
+    )
     table = datasets.Dataset.from_dict({"body": docs, "n": list(range(len(docs)))})
     table.to_csv(str(d / "notes.csv"), index=False)
     table.to_parquet(str(d / "notes.parquet"))
@@ -207,7 +213,11 @@ def test_json_and_parquet_files_train(files, tmp_path, data):
 
 def test_missing_data_files_is_named(tmp_path):
     out = train(tmp_path / "run", [], tmp_path / "cache", check=False)
-    assert out.returncode != 0 and "data_files" in out.stderr and "Missing mandatory value" in out.stderr
+    assert (
+        out.returncode != 0
+        and "data_files" in out.stderr
+        and "Missing mandatory value" in out.stderr
+    )
 
 
 def test_two_local_nodes_with_a_rendezvous_endpoint(files, tmp_path):
@@ -244,7 +254,9 @@ def test_evaluation_recipes_take_the_same_corpus_and_tokenizer(trained, files, t
                f"checkpoints={{interdomain: {ckpt}}}", "tokenizer.vocab_size=320", "train_seq_len=64",
                "multiples=[1,2]", "num_tokens=256", f"output_dir={tmp_path / 'le'}", env_cache=cache)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    assert set(json.loads((tmp_path / "le" / "length_extrapolation.json").read_text())["perplexity"]) == {"interdomain"}
+    assert set(
+        json.loads((tmp_path / "le" / "length_extrapolation.json").read_text())["perplexity"]
+    ) == {"interdomain"}
     out = tune("recipes/quantize_interdomain.py", "--config", "recipes/configs/quantize_own_data.yaml",
                data, f"checkpoint={ckpt}", "tokenizer.vocab_size=320", "seq_len=64", "eval_tokens=256",
                "prompt_len=8", "new_tokens=4", "aoti=false", f"output_dir={tmp_path / 'q'}", env_cache=cache)  # fmt: skip

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +21,9 @@ def packages_on_disk() -> set[str]:
 
 
 def test_pyproject_lists_every_package():
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
     assert listed == packages_on_disk()
 
 
@@ -48,4 +51,8 @@ def test_every_package_imports_from_the_built_wheel(tmp_path):
                          text=True, timeout=300)  # fmt: skip
     assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-3000:]
     kernels = site / "idmix_kernels"
-    assert {p.name for p in kernels.glob("*.py")} >= {"__init__.py", "chunk_scan.py", "decode_step.py"}
+    assert {p.name for p in kernels.glob("*.py")} >= {
+        "__init__.py",
+        "chunk_scan.py",
+        "decode_step.py",
+    }

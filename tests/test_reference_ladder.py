@@ -9,7 +9,6 @@ import torch
 from idmix.functional import interdomain_attention
 from tests.helpers import TOL_FP32, TOL_FP64, assert_rel, make_problem
 
-
 GRAD_INPUTS = ("q", "k", "v", "lam", "beta", "C", "Xk0", "Xv0")
 
 
@@ -79,7 +78,9 @@ def test_float64_ragged_long(readout, segments, request):
 def test_float32_matches_float64_reference(T, readout):
     p64 = make_problem(B=2, T=T, H=3, R=8, D=8, M=8, dt_range=(1e-3, 1e-1))
     p32 = make_problem(B=2, T=T, H=3, R=8, D=8, M=8, dt_range=(1e-3, 1e-1), dtype=torch.float32)
-    compare(run(p32, "chunked", readout, chunk_size=32), run(p64, "naive", readout), TOL_FP32, "fp32")
+    compare(
+        run(p32, "chunked", readout, chunk_size=32), run(p64, "naive", readout), TOL_FP32, "fp32"
+    )
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 64])

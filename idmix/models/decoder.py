@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from ..debug import check_values
-
 from ..modules import S4DMixer, SoftmaxAttention, SSMMixer, ablation_cell
 from ..modules.cells import ABLATION_CELLS, InterdomainAttention
 
@@ -138,7 +137,11 @@ class TokenEmbedding(nn.Embedding):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if check_values(tokens) and tokens.numel():
-            if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            if (
+                tokens.dtype.is_floating_point
+                or tokens.dtype.is_complex
+                or tokens.dtype == torch.bool
+            ):
                 raise TypeError(f"tokens: expected integer token ids, got {tokens.dtype}")
             lo, hi = int(tokens.min()), int(tokens.max())
             if lo < 0 or hi >= self.num_embeddings:

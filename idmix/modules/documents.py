@@ -12,17 +12,22 @@ def check_layer_input(x, embed_dim: int, input_pos=None) -> tuple[int, int]:
     positions (non-negative: checked where ``idmix.debug.check_values`` allows a host sync).
     Returns (B, T)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"x: expected a floating tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+        raise TypeError(
+            f"x: expected a floating tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+        )
     if x.dim() != 3 or x.shape[-1] != embed_dim:
         raise ValueError(f"x: expected (B, T, {embed_dim}), got {tuple(x.shape)}")
     B, T = x.shape[:2]
     if T < 1 or B < 1:
         raise ValueError(f"x: expected B >= 1 and T >= 1, got {tuple(x.shape)}")
     if input_pos is not None:
-        if not isinstance(input_pos, torch.Tensor) or input_pos.is_floating_point() or input_pos.dtype == torch.bool:
-            raise TypeError(
-                f"input_pos: expected an integer tensor, got {getattr(input_pos, 'dtype', type(input_pos).__name__)}"
-            )
+        if (
+            not isinstance(input_pos, torch.Tensor)
+            or input_pos.is_floating_point()
+            or input_pos.dtype == torch.bool
+        ):
+            kind = getattr(input_pos, "dtype", type(input_pos).__name__)
+            raise TypeError(f"input_pos: expected an integer tensor, got {kind}")
         if check_values(input_pos) and input_pos.numel() and int(input_pos.min()) < 0:
             raise ValueError(f"input_pos: expected positions >= 0, got {int(input_pos.min())}")
     return B, T

@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from ..functional import interdomain_attention_real, interdomain_decode_step_real, rope
+from ..functional.interdomain.realform import interleaved_to_state, state_to_interleaved
 from ..functional.interdomain.validation import check_chunk_size
 from ..functional.readout import READOUTS as READOUT_CONVENTIONS
-from ..functional.interdomain.realform import interleaved_to_state, state_to_interleaved
 from ..functional.s4d_readout import s4d_linear_readout, s4d_linear_step
 from .base import CachedMixer
 from .branches import Branch, HeadNorm
@@ -68,16 +68,23 @@ class SSMMixer(CachedMixer):
         value_conv: bool = False,
     ):
         super().__init__()
-        for name, n in (("embed_dim", embed_dim), ("num_heads", num_heads), ("num_modes", num_modes)):
+        for name, n in (
+            ("embed_dim", embed_dim),
+            ("num_heads", num_heads),
+            ("num_modes", num_modes),
+        ):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{name}: expected a positive int, got {n!r}")
         check_chunk_size(chunk_size)
         if readout_convention not in READOUT_CONVENTIONS:
             raise ValueError(
-                f"readout_convention: expected one of {READOUT_CONVENTIONS}, got {readout_convention!r}"
+                f"readout_convention: expected one of {READOUT_CONVENTIONS}, "
+                f"got {readout_convention!r}"
             )
         if not 0 < dt_min <= dt_max:
-            raise ValueError(f"dt_min, dt_max: expected 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
+            raise ValueError(
+                f"dt_min, dt_max: expected 0 < dt_min <= dt_max, got {dt_min}, {dt_max}"
+            )
         G = num_state_groups or num_heads
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim: {embed_dim} is not divisible by num_heads={num_heads}")

@@ -136,7 +136,9 @@ def _open(source: str, data_files, name, split: str, streaming: bool, sample_by)
     if data_files is not None:
         _check_files(data_files)
     elif source in ("text", "json", "csv", "parquet"):
-        raise ValueError(f"data_files: the {source!r} builder needs files, e.g. data_files=notes.txt")
+        raise ValueError(
+            f"data_files: the {source!r} builder needs files, e.g. data_files=notes.txt"
+        )
     elif not path.exists() and "/" in source and source.startswith((".", "/")):
         raise FileNotFoundError(f"source: no such file or directory {source!r}")
     options = {} if sample_by is None else {"sample_by": sample_by}
@@ -157,8 +159,12 @@ def _text_column(ds, column: str, where: str):
         first = next(iter(ds), None)
         if first is None:
             raise ValueError(f"{where}: the corpus is empty")
-        features = datasets.Features({k: datasets.Value("string") if isinstance(v, str)
-                                      else datasets.Value("null") for k, v in first.items()})  # fmt: skip
+        features = datasets.Features(
+            {
+                k: datasets.Value("string" if isinstance(v, str) else "null")
+                for k, v in first.items()
+            }
+        )
     if column not in features:
         raise ValueError(f"column: {column!r} not in {where} (columns: {sorted(features)})")
     kind = getattr(features[column], "dtype", None)
@@ -202,11 +208,15 @@ def text_corpus(
                 f"validation_fraction: expected a number in (0, 1), got {validation_fraction!r}"
             )
         if split not in SPLITS:
-            raise ValueError(f"split: expected one of {SPLITS} with validation_fraction, got {split!r}")
+            raise ValueError(
+                f"split: expected one of {SPLITS} with validation_fraction, got {split!r}"
+            )
     where = f"{source!r}" + (f" ({data_files})" if data_files is not None else "")
     load_split = "train" if validation_fraction is not None else split
     ds = _open(source, data_files, name, load_split, streaming, sample_by)
-    ds = _text_column(ds, column, where).filter(lambda row: bool(row["text"] and row["text"].strip()))
+    ds = _text_column(ds, column, where).filter(
+        lambda row: bool(row["text"] and row["text"].strip())
+    )
     if validation_fraction is not None:
         want = split == "validation"
         ds = ds.filter(lambda row: held_out(row["text"], validation_fraction, seed) == want)

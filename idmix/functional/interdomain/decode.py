@@ -14,8 +14,8 @@ from .realform import interleaved_to_state, state_to_interleaved
 from .validation import (
     State,
     check_backend,
-    check_decode_inputs,
     check_decays_and_gram,
+    check_decode_inputs,
     check_devices,
     check_real_params,
     check_state,
@@ -39,7 +39,7 @@ def _mode_last(X: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def _use_triton(backend: str, q: torch.Tensor) -> bool:
-    """"triton": always; "auto": for CUDA tensors when the kernels are installed."""
+    """ "triton": always; "auto": for CUDA tensors when the kernels are installed."""
     check_backend(backend, q)
     if backend != "auto":
         return backend == "triton"

@@ -55,7 +55,9 @@ def _surely_finite(x0, tensors, initial_state) -> bool:
         return False
     parts = list(tensors)
     if initial_state is not None:
-        parts += list(initial_state) if isinstance(initial_state, (tuple, list)) else [initial_state]
+        parts += (
+            list(initial_state) if isinstance(initial_state, (tuple, list)) else [initial_state]
+        )
     total = sum(p.detach().sum() for p in parts)
     return bool(torch.isfinite(total))
 

@@ -9,7 +9,6 @@ from typing import NamedTuple
 import torch
 
 from ...debug import check_values
-
 from ..readout import READOUTS
 
 State = tuple[torch.Tensor, torch.Tensor]
