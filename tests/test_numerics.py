@@ -98,8 +98,7 @@ def test_autograd_keeps_no_per_position_state():
         # per-head tensors independent of T: Ĝ, C, and the decay tensors of one chunk length
         # (and the intermediates autograd keeps to carry their gradients on to λ and β)
         small = 4 * H * (64 * (64 + 1) * 2 * M + 4 * (2 * M) ** 2)
-        # non-finite containment keeps a bool mask per input entry (and one per output row)
-        masks = inputs // 4 + B * T * H
-        assert sizes[M] <= inputs + masks + segments * per_state + small, (M, sizes[M])
+        # finite inputs on CPU skip non-finite containment, so no masks are kept either
+        assert sizes[M] <= inputs + segments * per_state + small, (M, sizes[M])
     # 16x more modes costs far less than 16x more saved memory.
     assert sizes[64] < 3 * sizes[4]
