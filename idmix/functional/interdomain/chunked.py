@@ -57,8 +57,12 @@ def _r(x: torch.Tensor) -> torch.Tensor:
 
 
 def _dot_conj(x: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor:
-    """Σ_dim g ⊙ conj(x) for complex tensors (the gradient of a ⊙ x w.r.t. a)."""
-    return torch.linalg.vecdot(x, g, dim=dim)
+    """Σ_dim g ⊙ conj(x) for complex tensors (the gradient of a ⊙ x w.r.t. a).
+
+    An explicit conj_physical, not linalg.vecdot's lazy conjugate: a custom op's body run
+    under a TorchDispatchMode (FlopCounterMode, a debug or poison mode) is dispatched with the
+    conjugate fallback excluded, and vecdot then silently drops the conjugation."""
+    return (g * x.conj_physical()).sum(dim)
 
 
 def _shear_in(A: torch.Tensor) -> torch.Tensor:
