@@ -7,8 +7,10 @@ For fp32 and each mode (int8_weight_only, int8_dynamic): weight bytes, validatio
 (and its change against fp32), greedy decode tokens/s (prompt included) of the eager model
 (``idmix.generate``), of the reloaded torch.export programs and (aoti=true) of their
 AOTInductor-compiled packages, and whether each reproduces the eager model's greedy tokens.
-Writes {model}_{prefill,decode}.pt2, {model}_{prefill,decode}.aoti.pt2 and
-quantize_report.{md,json} to output_dir.
+Each quantised model is also saved as {mode}_model.pt (weights_only-loadable, torchao tensor
+types allowlisted: ``idmix.evaluation.deploy.load_quantized_model``) and reloaded to check its
+logits. Writes {model}_{prefill,decode}.pt2, {model}_{prefill,decode}.aoti.pt2,
+{mode}_model.pt and quantize_report.{md,json} to output_dir.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from idmix.evaluation.deploy import (
     export_programs,
     greedy_with_programs,
     load_program,
+    load_quantized_model,
     quantize_linears,
     save_program,
+    save_quantized_model,
 )
 from idmix.evaluation.extrapolation import perplexity_by_context, token_stream
 from idmix.evaluation.report import markdown_table
-from idmix.training.checkpoint import load_exported_model
+from idmix.training.checkpoint import load_exported_model, safe_load
 from idmix.training.files import atomic_write_json, atomic_write_text
 from recipes._common import check_keys, fresh_outputs
 
@@ -53,6 +57,13 @@ def timed(fn) -> tuple[torch.Tensor, float]:
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
+
+
+def reloaded_matches(model, name, model_config, prompt, out) -> bool:
+    """Save a quantised model as {name}_model.pt, load it back safely, compare its logits."""
+    path = save_quantized_model(out / f"{name}_model.pt", model, model_config, name)
+    with torch.no_grad():
+        return bool(torch.equal(load_quantized_model(path)(prompt), model(prompt)))
 
 
 def measure(model, name, cfg, stream, prompt, out) -> dict:
@@ -97,16 +108,21 @@ def main(cfg: DictConfig) -> None:
         for m in ("fp32", *cfg.modes)
         for p in ("prefill", "decode")
         for k in ("exported", "aoti")
-    ]
+    ] + [f"{m}_model.pt" for m in cfg.modes]
     out = fresh_outputs(cfg.output_dir, [*names, "quantize_report.md"], cfg.overwrite)
     torch.manual_seed(cfg.seed)
     base = load_exported_model(cfg.checkpoint, "cpu")
+    model_config = safe_load(cfg.checkpoint)["model_config"]
     stream = token_stream(config.instantiate(cfg.dataset), config.instantiate(cfg.tokenizer))
     prompt = stream[: cfg.prompt_len][None]
     rows = {}
     for name in tqdm(["fp32", *cfg.modes], desc="modes"):
         model = base if name == "fp32" else quantize_linears(base, name)
         rows[name] = measure(model, name, cfg, stream, prompt, out)
+        if name != "fp32":
+            rows[name]["saved_pt_matches"] = reloaded_matches(
+                model, name, model_config, prompt, out
+            )
     fp32 = rows["fp32"]
     table_rows = []
     for name, r in rows.items():
@@ -126,10 +142,11 @@ def main(cfg: DictConfig) -> None:
             r["exported_matches_eager"],
             f"{r['aoti_tok_s']:.0f}" if cfg.aoti else "-",
             r["aoti_matches_eager"] if cfg.aoti else "-",
+            r.get("saved_pt_matches", "-"),
         ])  # fmt: skip
     header = [
         "model", "weights MiB", "smaller", "val ppl", "Δ ppl", "target", "eager tok/s",
-        "exported tok/s", "reloaded = eager", "AOTI tok/s", "AOTI = eager",
+        "exported tok/s", "reloaded = eager", "AOTI tok/s", "AOTI = eager", "saved .pt = eager",
     ]  # fmt: skip
     table = (
         f"{cfg.checkpoint}: validation perplexity on {cfg.eval_tokens:,} tokens (windows of "

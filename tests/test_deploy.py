@@ -13,8 +13,10 @@ from idmix.evaluation.deploy import (
     export_programs,
     greedy_with_programs,
     load_program,
+    load_quantized_model,
     quantize_linears,
     save_program,
+    save_quantized_model,
 )
 from tests.helpers import tiny_model
 
@@ -63,6 +65,36 @@ def test_int8_linears_only_and_the_reloaded_export_matches_eager(mode, tmp_path)
     prefill, decode = export_programs(q, batch_size=2, prompt_len=8, max_seq_len=16)
     prefill, decode = reload(prefill, tmp_path / "p.pt2"), reload(decode, tmp_path / "d.pt2")
     assert torch.equal(greedy_with_programs(prefill, decode, prompt, 6, 16), eager)
+
+
+@pytest.mark.parametrize("mode", ["int8_weight_only", "int8_dynamic"])
+def test_quantized_model_file_loads_safely_and_equals_the_model(mode, tmp_path, monkeypatch):
+    """save_quantized_model / load_quantized_model: same logits; loading goes through
+    torch.load(weights_only=True) with only the torchao tensor types allowlisted."""
+    model, model_config = tiny_model()
+    q = quantize_linears(model, mode)
+    path = save_quantized_model(tmp_path / "q.pt", q, model_config, mode)
+    calls = []
+    real = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(k) or real(*a, **k))
+    loaded = load_quantized_model(path)
+    assert calls and all(k["weights_only"] is True for k in calls)
+    x = torch.randint(0, 4096, (2, 20))
+    assert torch.equal(loaded(x), q(x))
+    monkeypatch.undo()
+    # anything beyond tensors, plain data and the allowlisted types is refused
+    torch.save({"model": {}, "extra": nn.Linear(2, 2)}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="beyond tensors and plain data"):
+        load_quantized_model(tmp_path / "bad.pt")
+    torch.save({"model": {}, "model_config": model_config}, tmp_path / "plain.pt")
+    with pytest.raises(ValueError, match="not a save_quantized_model file"):
+        load_quantized_model(tmp_path / "plain.pt")
+    bad_builder = {**model_config, "_component_": "os.system"}
+    torch.save({"model": {}, "model_config": bad_builder, "quantization": mode}, tmp_path / "b.pt")
+    with pytest.raises(ValueError, match="not one of idmix.models"):
+        load_quantized_model(tmp_path / "b.pt")
+    with pytest.raises(ValueError, match="mode: expected one of"):
+        save_quantized_model(tmp_path / "x.pt", q, model_config, "int4")
 
 
 def test_bad_mode_and_length_are_named():

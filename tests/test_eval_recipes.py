@@ -173,5 +173,6 @@ def test_quantize_recipe(tmp_path):
         assert report[mode]["exported_matches_eager"] is True
         assert report[mode]["size_ratio"] > 1.2
         assert (out_dir / f"{mode}_decode.pt2").is_file()
+        assert report[mode]["saved_pt_matches"] is True
     bad = tune_run("quantize_interdomain", "quantize_tiny", f"checkpoint={path}", "modes=[int4]")
     assert bad.returncode != 0 and "modes: expected a list from" in bad.stderr

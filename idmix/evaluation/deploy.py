@@ -43,6 +43,52 @@ def quantize_linears(model: nn.Module, mode: str) -> nn.Module:
     return quantized
 
 
+def quantized_tensor_types() -> list:
+    """The classes a quantised state dict of :data:`QUANT_MODES` pickles, allowlisted by name for
+    ``torch.load(weights_only=True)`` (nothing else in the file may name code)."""
+    from torchao.quantization import Int8Tensor, MappingType, PerRow
+    from torchao.quantization.quantize_.workflows.int8.int8_tensor import (
+        QuantizeTensorToInt8Kwargs,
+    )
+
+    return [Int8Tensor, QuantizeTensorToInt8Kwargs, PerRow, MappingType]
+
+
+def save_quantized_model(path, model: nn.Module, model_config: dict, mode: str) -> Path:
+    """Write a :func:`quantize_linears` model as {model, model_config, quantization}, atomically
+    (model_config: the plain-data builder config of the unquantised model)."""
+    from ..training.files import atomic_write
+
+    if mode not in QUANT_MODES:
+        raise ValueError(f"mode: expected one of {QUANT_MODES}, got {mode!r}")
+    obj = {"model": model.state_dict(), "model_config": model_config, "quantization": mode}
+    return atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def load_quantized_model(path, device="cpu") -> nn.Module:
+    """The model of a :func:`save_quantized_model` file, in eval mode. Loaded with
+    weights_only=True and only :func:`quantized_tensor_types` allowed beyond tensors and plain
+    data; the builder it names must be trusted (as for ``model_final.pt``)."""
+    from omegaconf import DictConfig
+    from torchtune import config
+
+    from ..training.checkpoint import check_compatible, check_model_config, safe_load
+
+    if not Path(path).is_file():
+        raise ValueError(f"path: no such file {str(path)!r}")
+    with torch.serialization.safe_globals(quantized_tensor_types()):
+        saved = safe_load(path)
+    if not isinstance(saved, dict) or saved.get("quantization") not in QUANT_MODES:
+        raise ValueError(f"path: {str(path)!r} is not a save_quantized_model file")
+    check_model_config(saved["model_config"], f"quantised model {str(path)!r}")
+    model = quantize_linears(
+        config.instantiate(DictConfig(saved["model_config"])), saved["quantization"]
+    )
+    check_compatible(model, saved["model"], f"quantised model {str(path)!r}")
+    model.load_state_dict(saved["model"], assign=True)
+    return model.to(device).eval()
+
+
 def cache_tensors(model) -> list[torch.Tensor]:
     """Every layer's cache tensors, layer by layer, fields in declaration order."""
     return [t for layer in model.layers for t in _fields(layer.attn.kv_cache).values()]
