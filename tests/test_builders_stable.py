@@ -1,0 +1,39 @@
+"""The composition redesign changed structure, not numbers: every named tiny builder (and each
+Table 4 cell at the tiny scale) builds the parameters and logits recorded before it
+(tests/data/builder_fingerprints.json), and model_final.pt files written before it load and
+give the same logits (tests/data/legacy_exports)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from idmix.training.checkpoint import load_exported_model
+from tests import fingerprints as fp
+
+RECORDED = json.loads(fp.FILE.read_text())
+
+
+@pytest.mark.parametrize("name", fp.BUILDERS + fp.CELLS)
+def test_same_seed_builds_the_same_parameters_and_logits(name):
+    got, want = fp.fingerprint(fp.build(name)), RECORDED[name]
+    assert list(got["params"]) == list(want["params"]), "parameter names or order changed"
+    for param, (shape, total, abs_total, samples) in want["params"].items():
+        g_shape, g_total, g_abs, g_samples = got["params"][param]
+        assert g_shape == shape, param
+        assert g_samples == pytest.approx(samples, rel=1e-6, abs=1e-7), param
+        assert (g_total, g_abs) == pytest.approx((total, abs_total), rel=1e-6, abs=1e-6), param
+    total, abs_total, samples = want["logits"]
+    assert got["logits"][2] == pytest.approx(samples, rel=1e-5, abs=1e-5)
+    assert got["logits"][:2] == pytest.approx([total, abs_total], rel=1e-5, abs=1e-3)
+
+
+@pytest.mark.parametrize("mixer", fp.LEGACY_MIXERS)
+def test_exports_written_before_the_redesign_load_with_the_same_logits(mixer):
+    model = load_exported_model(fp.LEGACY / f"{mixer}.pt")
+    want = json.loads((fp.LEGACY / "logits.json").read_text())[mixer]
+    with torch.no_grad():
+        got = model(fp.legacy_tokens()).double().flatten()
+    assert got.tolist() == pytest.approx(want, rel=1e-5, abs=1e-5)
