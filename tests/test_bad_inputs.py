@@ -19,7 +19,7 @@ from idmix.functional import (
 )
 from idmix.functional.interdomain import empty_state
 from idmix.generation import generate
-from idmix.modules import SoftmaxAttention, SSMMixer
+from idmix.modules import InterdomainAttention, SoftmaxAttention
 from tests.helpers import make_problem, tiny_model
 
 B, T, H, R, D, M = 2, 5, 2, 3, 4, 3
@@ -150,7 +150,7 @@ def test_stable_layers_do_not_warn(recwarn):
 
 @pytest.fixture(scope="module")
 def layers():
-    return {"ssm": SSMMixer(16, 2, num_modes=4), "softmax": SoftmaxAttention(16, 2)}
+    return {"ssm": InterdomainAttention(16, 2, num_modes=4), "softmax": SoftmaxAttention(16, 2)}
 
 
 LAYER_CASES = {
@@ -183,7 +183,7 @@ def test_layers_name_bad_input(layers, kind, case):
 )  # fmt: skip
 def test_layer_construction_checks(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
-        SSMMixer(16, 2, **{"num_modes": 4, **kwargs})
+        InterdomainAttention(16, 2, **{"num_modes": 4, **kwargs})
 
 
 def test_token_ids_outside_the_vocabulary_are_named():

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from idmix import models
-from idmix.modules import ABLATION_CELLS, InterdomainAttention, S4DMixer, SoftmaxAttention
+from idmix.modules import (
+    ABLATION_CELLS,
+    LinearReadout,
+    QueryReadout,
+    S4DMixer,
+    SoftmaxAttention,
+)
 
 PAPER = {  # DESIGN.md §1 / paper Table 3
     "125m": (134_105_856, 135_416_208, 12, 12),
@@ -44,8 +50,8 @@ def test_named_builders_exist_and_build_tiny():
     for name in models.MODEL_BUILDERS:
         assert callable(getattr(models, name)), name
     m = models.interdomain_tiny()
-    assert isinstance(m.layers[0].attn, InterdomainAttention)
-    assert isinstance(models.s4d_tiny().layers[0].attn, S4DMixer)
+    assert isinstance(m.layers[0].attn.readout, QueryReadout)
+    assert isinstance(models.s4d_tiny().layers[0].attn.readout, LinearReadout)
     assert isinstance(models.softmax_tiny().layers[0].attn, SoftmaxAttention)
     logits = m(torch.randint(0, 4096, (2, 33)))
     assert logits.shape == (2, 33, 4096) and torch.isfinite(logits).all()
@@ -86,7 +92,7 @@ def test_mixer_injection():
         mixer=lambda i: SoftmaxAttention(16, 2) if i == 0 else S4DMixer(16, 2, num_modes=4),
     )
     assert isinstance(m.layers[0].attn, SoftmaxAttention)
-    assert isinstance(m.layers[1].attn, S4DMixer)
+    assert isinstance(m.layers[1].attn.readout, LinearReadout)
     assert m(torch.randint(0, 50, (1, 9))).shape == (1, 9, 50)
 
 
@@ -153,9 +159,10 @@ def test_unknown_mixer_option_names_the_key():
 
 def test_cpu_builders_carry_the_study_defaults_and_the_paper_stays_one_argument_away():
     layer = models.interdomain_tiny().layers[0].attn
-    assert layer.ssm.dt_min == 1e-2 and layer.rope_last
+    assert layer.ssm.dt_min == 1e-2 and layer.rope_last_base == 10000.0
     assert models.s4d_small().layers[0].attn.ssm.dt_min == 1e-2
     paper = models.interdomain_tiny(dt_min=1e-3, rope_position="before_feature_map")
-    assert paper.layers[0].attn.ssm.dt_min == 1e-3 and not paper.layers[0].attn.rope_last
+    assert paper.layers[0].attn.ssm.dt_min == 1e-3
+    assert paper.layers[0].attn.rope_last_base is None
     with torch.device("meta"):  # the paper's sizes keep the paper's choices
-        assert not models.interdomain_125m().layers[0].attn.rope_last
+        assert models.interdomain_125m().layers[0].attn.rope_last_base is None

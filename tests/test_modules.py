@@ -7,7 +7,10 @@ import torch
 
 from idmix.modules import (
     ABLATION_CELLS,
+    Branch,
     InterdomainAttention,
+    LinearReadout,
+    QueryReadout,
     S4DMixer,
     SoftmaxAttention,
     SSMMixer,
@@ -102,10 +105,30 @@ def test_calibration_gives_unit_rms(calibration):
 
 
 def test_mixer_errors():
-    with pytest.raises(ValueError, match="input_path: expected one of"):
-        SSMMixer(D, H, input_path="triple")
-    with pytest.raises(ValueError, match="readout: expected one of"):
-        SSMMixer(D, H, readout="softmax")
+    parts = dict(InterdomainAttention(D, H, num_modes=M).named_children())
+    wiring = {
+        "query": parts["query"],
+        "key_branch": parts["branch_a"],
+        "value_branch": parts["branch_b"],
+        "key_norm": parts["norm_a"],
+        "value_norm": parts["norm_b"],
+        "core": parts["ssm"],
+        "readout": parts["readout"],
+        "output_proj": parts["output_proj"],
+    }
+    assert isinstance(SSMMixer(D, H, **wiring), SSMMixer)
+    with pytest.raises(ValueError, match="query: QueryReadout needs query branch"):
+        SSMMixer(D, H, **{**wiring, "query": None})
+    with pytest.raises(ValueError, match="query: LinearReadout takes no query branch"):
+        SSMMixer(D, H, **{**wiring, "readout": LinearReadout(H, M)})
+    with pytest.raises(ValueError, match="key_branch: expected 4 heads of 8"):
+        SSMMixer(D, H, **{**wiring, "key_branch": Branch(D, 2, head_dim=8)})
+    with pytest.raises(ValueError, match="calibration: expected one of"):
+        SSMMixer(D, H, **wiring, calibration="twice")
+    with pytest.raises(TypeError, match="feature_map: expected None or a callable"):
+        Branch(D, H, feature_map="relu")
+    with pytest.raises(ValueError, match="readout_convention: expected one of"):
+        QueryReadout(H, H, "transpose")
     with pytest.raises(ValueError, match="num_state_groups: expected a divisor of num_heads=4"):
         InterdomainAttention(D, H, num_state_groups=3)
     with pytest.raises(ValueError, match="num_state_groups"):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..training.optim import SSM_PARAM_MARKERS
+from ..training.optim import ssm_parameters
 
 
 def _mixers(model):
@@ -62,11 +62,8 @@ def ssm_gradient_stats(model, tokens: torch.Tensor) -> dict[str, dict[str, float
     an S4D core (softmax)."""
     device = next(model.parameters()).device
     tokens = tokens.to(device)
-    named = {
-        name: p
-        for name, p in model.named_parameters()
-        if any(m in f".{name}" for m in SSM_PARAM_MARKERS)  # the optimiser's SSM group
-    }
+    in_group = ssm_parameters(model)  # the optimiser's SSM group
+    named = {name: p for name, p in model.named_parameters() if id(p) in in_group}
     if not named:
         return {}
     model.zero_grad(set_to_none=True)

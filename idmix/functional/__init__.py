@@ -11,6 +11,8 @@ from .interdomain import (
     interdomain_attention_varlen,
     interdomain_decode_step,
     interdomain_decode_step_real,
+    interleaved_to_state,
+    state_to_interleaved,
 )
 from .readout import READOUTS, readout_gram, readout_gram_real
 from .rope import rope
@@ -38,6 +40,7 @@ __all__ = [
     "interdomain_attention_varlen",
     "interdomain_decode_step",
     "interdomain_decode_step_real",
+    "interleaved_to_state",
     "log_uniform_dt",
     "readout_gram",
     "readout_gram_real",
@@ -50,4 +53,5 @@ __all__ = [
     "short_conv_with_resets",
     "silu_l2_feature_map",
     "silu_l2_feature_map_naive",
+    "state_to_interleaved",
 ]

@@ -1,11 +1,30 @@
 """torchtune-style model builders (torchtune is imported when a builder runs, not here)."""
 
-from . import configs
-from .configs import MODEL_BUILDERS, ablation_125m, cpu_model, paper_model
+from .configs import (
+    MODEL_BUILDERS,
+    ablation_125m,
+    cpu_model,
+    interdomain_1_3b,
+    interdomain_125m,
+    interdomain_350m,
+    interdomain_760m,
+    interdomain_small,
+    interdomain_tiny,
+    paper_model,
+    s4d_1_3b,
+    s4d_125m,
+    s4d_350m,
+    s4d_760m,
+    s4d_small,
+    s4d_tiny,
+    softmax_1_3b,
+    softmax_125m,
+    softmax_350m,
+    softmax_760m,
+    softmax_small,
+    softmax_tiny,
+)
 from .decoder import decoder, init_weights_, mixer_factory, swiglu_hidden_dim
-
-for _name in MODEL_BUILDERS:
-    globals()[_name] = getattr(configs, _name)
 
 __all__ = [
     "MODEL_BUILDERS",
@@ -13,8 +32,25 @@ __all__ = [
     "cpu_model",
     "decoder",
     "init_weights_",
+    "interdomain_125m",
+    "interdomain_1_3b",
+    "interdomain_350m",
+    "interdomain_760m",
+    "interdomain_small",
+    "interdomain_tiny",
     "mixer_factory",
     "paper_model",
+    "s4d_125m",
+    "s4d_1_3b",
+    "s4d_350m",
+    "s4d_760m",
+    "s4d_small",
+    "s4d_tiny",
+    "softmax_125m",
+    "softmax_1_3b",
+    "softmax_350m",
+    "softmax_760m",
+    "softmax_small",
+    "softmax_tiny",
     "swiglu_hidden_dim",
-    *MODEL_BUILDERS,
 ]

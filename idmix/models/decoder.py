@@ -15,8 +15,15 @@ import torch
 from torch import nn
 
 from ..debug import check_values
-from ..modules import S4DMixer, SoftmaxAttention, SSMMixer, ablation_cell
-from ..modules.cells import ABLATION_CELLS, InterdomainAttention
+from ..modules import (
+    ABLATION_CELLS,
+    InterdomainAttention,
+    S4DMixer,
+    SoftmaxAttention,
+    SSMMixer,
+    ablation_cell,
+    ssm_mixer,
+)
 
 MixerFactory = Callable[[int], nn.Module]
 
@@ -29,8 +36,8 @@ def swiglu_hidden_dim(embed_dim: int) -> int:
 def _check_options(kind: str, kwargs: dict) -> None:
     """A config typo (e.g. ``model.mixer_kwargs.dt_min=…``) fails here, naming the key, instead
     of as a TypeError deep inside a mixer's constructor."""
-    fixed = {"self", "embed_dim", "num_heads", "input_path", "readout"}  # set by the kind
-    known = set(inspect.signature(SSMMixer.__init__).parameters) - fixed
+    fixed = {"embed_dim", "num_heads", "dual_kv", "query_readout"}  # set by the kind
+    known = set(inspect.signature(ssm_mixer).parameters) - fixed
     if kind == "softmax":
         known = {"rope_base", "use_rope", *known}
     unknown = sorted(set(kwargs) - known)

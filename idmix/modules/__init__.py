@@ -1,17 +1,32 @@
-"""nn.Modules built from idmix.functional: the mixers, their caches and the ablation cells."""
+"""nn.Modules built from idmix.functional: the mixer and its parts, the named mixers (builders
+composing the parts), their caches and the softmax baseline."""
 
+from .branches import Branch, HeadNorm
 from .cache import KVCache, RecurrentCache
-from .cells import ABLATION_CELLS, InterdomainAttention, S4DMixer, ablation_cell
-from .mixer import SSMMixer
+from .cells import ABLATION_CELLS, ablation_cell
+from .compose import ssm_mixer
+from .interdomain import InterdomainAttention
+from .mixer import SigmoidGate, SSMMixer, upgrade_state_dict
+from .readouts import LinearReadout, QueryReadout
+from .s4d_mixer import S4DMixer
 from .softmax import SoftmaxAttention
+from .ssm import S4DCore
 
 __all__ = [
     "ABLATION_CELLS",
+    "Branch",
+    "HeadNorm",
     "InterdomainAttention",
     "KVCache",
+    "LinearReadout",
+    "QueryReadout",
     "RecurrentCache",
+    "S4DCore",
     "S4DMixer",
     "SSMMixer",
+    "SigmoidGate",
     "SoftmaxAttention",
     "ablation_cell",
+    "ssm_mixer",
+    "upgrade_state_dict",
 ]

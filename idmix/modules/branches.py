@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
-from ..functional import (
-    rope,
-    short_conv,
-    short_conv_step,
-    short_conv_with_resets,
-    silu_l2_feature_map,
-)
+from ..functional import rope, short_conv, short_conv_step, short_conv_with_resets
+
+FeatureMap = Callable[[torch.Tensor], torch.Tensor]
 
 
 class Branch(nn.Module):
-    """x -> W x -> [short conv] -> [RoPE] -> [ξ per head], at width H·d_h before the head split.
+    """x -> W x -> [short conv] -> [RoPE] -> [feature map per head], at width H·d_h before the
+    head split.
 
     proj: d × H·d_h, no bias (d_h defaults to d/H); conv: depthwise, kernel ``conv_size``, with
-    bias (5·H·d_h parameters at kernel 4). RoPE and ξ act per head. Output (B, T, H, d_h).
+    bias (5·H·d_h parameters at kernel 4). RoPE and the feature map act per head.
+    feature_map: None (identity) or a callable (..., d_h) -> (..., d_h), e.g.
+    ``idmix.functional.silu_l2_feature_map`` (ξ) or a user's; an ``nn.Module`` is registered as
+    a submodule (its parameters train with the branch). Output (B, T, H, d_h).
     """
 
     def __init__(
@@ -29,7 +31,7 @@ class Branch(nn.Module):
         head_dim=None,
         conv=True,
         use_rope=False,
-        feature_map=False,
+        feature_map: FeatureMap | None = None,
         conv_size=4,
         rope_base=10000.0,
     ):
@@ -42,6 +44,10 @@ class Branch(nn.Module):
             self.conv_weight = nn.Parameter(torch.empty(width, conv_size))
             self.conv_bias = nn.Parameter(torch.zeros(width))
             self._reset_conv()
+        if feature_map is not None and not callable(feature_map):
+            raise TypeError(
+                f"feature_map: expected None or a callable, got {type(feature_map).__name__}"
+            )
         self.use_rope, self.feature_map, self.rope_base = use_rope, feature_map, rope_base
 
     @torch.no_grad()
@@ -75,12 +81,14 @@ class Branch(nn.Module):
         h = h.unflatten(-1, (self.num_heads, self.head_dim))
         if self.use_rope:
             h = rope(h, positions, self.rope_base)
-        return silu_l2_feature_map(h) if self.feature_map else h
+        return h if self.feature_map is None else self.feature_map(h)
 
 
 class HeadNorm(nn.Module):
     """RMSNorm over d_h with one weight vector shared by all heads, plus a per-head bias
-    (paper eq. 12, "N+b"): d_h + H·d_h parameters."""
+    (paper eq. 12, "N+b"): d_h + H·d_h parameters. In the SSM optimiser group (paper §5)."""
+
+    param_group = "ssm"
 
     def __init__(self, num_heads, head_dim, eps=1e-6):
         super().__init__()

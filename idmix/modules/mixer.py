@@ -1,24 +1,14 @@
-"""One composable SSM token mixer: input path × readout × RoPE (the paper's Fig. 3 and Table 4).
+"""The SSM token mixer, wired from injected parts (docs/design.md §5).
 
-- input_path "dual_kv": [ξ(SC(W_K x)), W_V x] (Interdomain);  "generic": [SC(W_a x), SC(W_b x)].
-- readout "query": o_t = Re(Γᴴ U ξ(q_t)) (or Re(Γᵀ U ξ(q_t))), q = SC(W_Q x) (Interdomain);
-  "linear": y = Re(wᵀ C X) per channel over modes, halves summed, then a d×d C_out (S4D-only).
-- use_rope: RoPE on the query branch and on the first input half (k or a).
-Both halves then go through "N+b" (HeadNorm) and one per-head complex S4D core (S4DCore).
-The layer follows torchtune's attention contract, so it drops into TransformerSelfAttentionLayer.
+    x -> query branch (optional) ─────────────────────────────┐
+    x -> key branch -> key norm  ─┐                           ├─> readout(q, a, b, core, state)
+    x -> value branch -> value norm ┴─> [RoPE on q, a: "last"] ┘      -> [output norm]
+      -> [head mix] -> [gate(x, ·)] -> output projection
 
-Choices the paper leaves open or that docs/science.md studied (defaults: the paper's reading):
-- rope_position: "before_feature_map" (Fig. 3: SC -> RoPE -> ξ; an absolute code, since SiLU
-  does not commute with the rotation) or "last" (after ξ and N+b on the key half, after ξ on
-  the query: every query-key score depends on t - s only);
-- dt_min, dt_max: the log-uniform Δ range; the slowest mode's time constant is
-  1/(|Re A|·dt_min) tokens and should fit inside the training context;
-- a_init: "s4d_inv" (the paper's formula, n = 0..M-1), "s4d_inv_conj" (S4D's N = 2M),
-  "s4d_lin";
-- calibration: C rescaled at init so the core output has unit RMS, "global", "per_head" or
-  "none";
-- output_norm: RMSNorm over each head's output before W_O (not in the paper);
-- value_conv: a short conv on the value branch too (not in the paper).
+The mixer owns only the torchtune attention contract (``setup_cache``/``reset_cache``/
+``forward(x, input_pos=…)``), the decoding cache and the init calibration; what the layer
+computes is in its parts. ``idmix.modules.compose.ssm_mixer`` builds the paper's layers from
+them; ``examples/`` builds new ones.
 """
 
 from __future__ import annotations
@@ -26,116 +16,95 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..functional import interdomain_attention_real, interdomain_decode_step_real, rope
-from ..functional.interdomain.realform import interleaved_to_state, state_to_interleaved
-from ..functional.interdomain.validation import check_chunk_size
-from ..functional.readout import READOUTS as READOUT_CONVENTIONS
-from ..functional.s4d_readout import s4d_linear_readout, s4d_linear_step
+from ..functional import rope
 from .base import CachedMixer
 from .branches import Branch, HeadNorm
 from .cache import RecurrentCache
 from .documents import check_layer_input, positions_and_resets
 from .ssm import S4DCore
 
-INPUT_PATHS = ("dual_kv", "generic")
-READOUTS = ("query", "linear")
-ROPE_POSITIONS = ("before_feature_map", "last")
 CALIBRATIONS = ("per_head", "global", "none")
+# state-dict keys renamed by the composition redesign (old exports load through this map)
+RENAMED_KEYS = {"mode_weights": "readout.mode_weights"}
+
+
+class SigmoidGate(nn.Linear):
+    """o ← σ(W_g x) ⊙ o (d × d, no bias): the ``gate=True`` option."""
+
+    def __init__(self, embed_dim: int):
+        super().__init__(embed_dim, embed_dim, bias=False)
+
+    def forward(self, x, o):
+        """x, o: (..., d) -> (..., d)."""
+        return torch.sigmoid(super().forward(x)) * o
 
 
 class SSMMixer(CachedMixer):
+    """A token mixer from parts.
+
+    query: Branch (B, T, H, d_h) or None (a readout without a query); key_branch, value_branch:
+    Branches of G state heads; key_norm, value_norm: HeadNorms; core: S4DCore of G heads;
+    readout: ``QueryReadout``/``LinearReadout`` or any module with their ``forward``/``step``/
+    ``c_degree``/``needs_query``; output_proj: d × d. Optional: rope_last_base (RoPE on q and
+    the normalised key half after the feature map and the norm, so query-key scores depend on
+    t - s only), output_norm (per-head module on o), head_mix (d × d on the flattened heads,
+    the S4D-only C_out), gate (module (x, o) -> o). calibration: "global", "per_head" or "none"
+    (see :meth:`calibrate_`).
+    """
+
     def __init__(
         self,
         embed_dim: int,
         num_heads: int,
         *,
-        num_modes: int = 64,
-        input_path: str = "dual_kv",
-        readout: str = "query",
-        use_rope: bool = True,
-        readout_convention: str = "conj",
-        gate: bool = False,
-        chunk_size: int = 64,
-        rope_base: float = 10000.0,
-        norm_eps: float = 1e-6,
-        dt_min: float = 1e-3,
-        dt_max: float = 1e-1,
-        num_state_groups: int | None = None,
-        rope_position: str = "before_feature_map",
-        a_init: str = "s4d_inv",
+        query: Branch | None,
+        key_branch: Branch,
+        value_branch: Branch,
+        key_norm: HeadNorm,
+        value_norm: HeadNorm,
+        core: S4DCore,
+        readout: nn.Module,
+        output_proj: nn.Linear,
+        rope_last_base: float | None = None,
+        output_norm: nn.Module | None = None,
+        head_mix: nn.Module | None = None,
+        gate: nn.Module | None = None,
         calibration: str = "global",
-        output_norm: bool = False,
-        value_conv: bool = False,
     ):
         super().__init__()
-        for name, n in (
-            ("embed_dim", embed_dim),
-            ("num_heads", num_heads),
-            ("num_modes", num_modes),
-        ):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"{name}: expected a positive int, got {n!r}")
-        check_chunk_size(chunk_size)
-        if readout_convention not in READOUT_CONVENTIONS:
-            raise ValueError(
-                f"readout_convention: expected one of {READOUT_CONVENTIONS}, "
-                f"got {readout_convention!r}"
-            )
-        if not 0 < dt_min <= dt_max:
-            raise ValueError(
-                f"dt_min, dt_max: expected 0 < dt_min <= dt_max, got {dt_min}, {dt_max}"
-            )
-        G = num_state_groups or num_heads
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim: {embed_dim} is not divisible by num_heads={num_heads}")
-        if input_path not in INPUT_PATHS:
-            raise ValueError(f"input_path: expected one of {INPUT_PATHS}, got {input_path!r}")
-        if readout not in READOUTS:
-            raise ValueError(f"readout: expected one of {READOUTS}, got {readout!r}")
-        if num_heads % G or (G != num_heads and readout != "query"):
-            raise ValueError(
-                f"num_state_groups: expected a divisor of num_heads={num_heads} (query readout "
-                f"only), got {num_state_groups!r} with readout={readout!r}"
-            )
-        H, d_h = num_heads, embed_dim // num_heads
-        self.embed_dim, self.num_heads, self.head_dim, self.num_modes = embed_dim, H, d_h, num_modes
-        self.num_state_groups = G
-        self.input_path, self.readout, self.readout_convention = (
-            input_path,
-            readout,
-            readout_convention,
-        )
-        self.chunk_size = chunk_size
-        if rope_position not in ROPE_POSITIONS:
-            raise ValueError(
-                f"rope_position: expected one of {ROPE_POSITIONS}, got {rope_position!r}"
-            )
-        self.rope_last, self.rope_base = use_rope and rope_position == "last", rope_base
         if calibration not in CALIBRATIONS:
             raise ValueError(f"calibration: expected one of {CALIBRATIONS}, got {calibration!r}")
-        self.calibration = calibration
-        rope_in_branch = use_rope and rope_position == "before_feature_map"
-        kw = dict(rope_base=rope_base)
-        self.query = (
-            Branch(embed_dim, H, conv=True, use_rope=rope_in_branch, feature_map=True, **kw)
-            if readout == "query"
-            else None
-        )
-        dual = input_path == "dual_kv"
-        # With grouped state (G < H), the two input halves and the SSM have G heads and every
-        # query head reads the (U, Γ) of its group, like GQA: the state shrinks H/G times.
-        self.branch_a = Branch(
-            embed_dim, G, head_dim=d_h, conv=True, use_rope=rope_in_branch, feature_map=dual, **kw
-        )
-        self.branch_b = Branch(embed_dim, G, head_dim=d_h, conv=not dual or value_conv, **kw)
-        self.norm_a, self.norm_b = HeadNorm(G, d_h, norm_eps), HeadNorm(G, d_h, norm_eps)
-        self.ssm = S4DCore(G, num_modes, dt_min, dt_max, a_init=a_init)
-        if readout == "linear":
-            self.mode_weights = nn.Parameter(torch.full((H, num_modes), num_modes**-0.5))
-            self.c_out = nn.Linear(embed_dim, embed_dim, bias=False)
-        self.out_norm = nn.RMSNorm(d_h, eps=norm_eps) if output_norm else None
-        self.gate = nn.Linear(embed_dim, embed_dim, bias=False) if gate else None
-        self.output_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        if readout.needs_query != (query is not None):
+            raise ValueError(
+                f"query: {type(readout).__name__} {'needs' if readout.needs_query else 'takes no'}"
+                " query branch"
+            )
+        G, d_h = core.num_heads, embed_dim // num_heads
+        for name, branch in (("key_branch", key_branch), ("value_branch", value_branch)):
+            if (branch.num_heads, branch.head_dim) != (G, d_h):
+                raise ValueError(
+                    f"{name}: expected {G} heads of {d_h} (the core's heads, embed_dim / "
+                    f"num_heads), got {branch.num_heads} of {branch.head_dim}"
+                )
+        if query is not None and (query.num_heads, query.head_dim) != (num_heads, d_h):
+            raise ValueError(
+                f"query: expected {num_heads} heads of {d_h}, got {query.num_heads} of "
+                f"{query.head_dim}"
+            )
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, d_h
+        self.num_state_groups, self.num_modes = G, core.num_modes
+        # registration order = state-dict and init order (kept from the pre-redesign layer)
+        self.query = query
+        self.branch_a, self.branch_b = key_branch, value_branch
+        self.norm_a, self.norm_b = key_norm, value_norm
+        self.ssm = core
+        self.readout = readout
+        self.c_out = head_mix
+        self.out_norm = output_norm
+        self.gate = gate
+        self.output_proj = output_proj
+        self.rope_last_base, self.calibration = rope_last_base, calibration
+        self.register_load_state_dict_pre_hook(_rename_old_keys)
 
     # torchtune attention contract -------------------------------------------------------------
     def setup_cache(self, batch_size: int, dtype: torch.dtype, max_seq_len: int = 0) -> None:
@@ -170,7 +139,7 @@ class SSMMixer(CachedMixer):
         convs = (None, None, None) if cache is None else (cache.conv_q, cache.conv_a, cache.conv_b)
         (q, a, b), (cq, ca, cb) = self._inputs(x, pos, reset, convs)
         init = None if cache is None else cache.state
-        o, state = self._core(q, a, b, init, reset)
+        o, state = self.readout(q, a, b, self.ssm, init, reset)
         if cache is not None:
             self._store(cache, state, cq, ca, cb)
         return self._output(x, o)
@@ -195,67 +164,21 @@ class SSMMixer(CachedMixer):
         return (q, a, self.norm_b(b)), (cq, ca, cb)
 
     def _rope_last(self, q, a, pos):
-        """With rope_position="last", RoPE on ξ(q) and on the normalised key half, so that
-        R_s k̃ · R_t ξ(q) depends on t - s only. q, a: (B, T, ·, d_h); pos: (B, T)."""
-        if not self.rope_last:
+        """RoPE on the feature-mapped query and the normalised key half (rope_last_base set).
+        q, a: (B, T, ·, d_h); pos: (B, T)."""
+        if self.rope_last_base is None:
             return q, a
-        q = None if q is None else rope(q, pos, self.rope_base)
-        return q, rope(a, pos, self.rope_base)
-
-    def _core(self, q, a, b, init, reset=None):
-        """q: (B, T, H, d_h); a, b: (B, T, G, d_h); init: (B, G, 2d_h, 2M) real state or None;
-        reset: (B, T) bool document starts or None. Returns (o: (B, T, H, d_h), final state)."""
-        if self.readout == "query":
-            lam_ri, beta_ri = self.ssm.discretized_real()
-            G_hat = self.ssm.gram(self.readout_convention)
-            if self.num_state_groups != self.num_heads:
-                return self._grouped_core(q, a, b, lam_ri, beta_ri, G_hat, init, reset)
-            return interdomain_attention_real(
-                q, a, b, lam_ri, beta_ri, G_hat, init, chunk_size=self.chunk_size, reset=reset
-            )
-        lam, beta, C = self.ssm.discretized()
-        d_h = self.head_dim
-        z = torch.cat([a, b], dim=-1)
-        init_z = None if init is None else torch.cat(interleaved_to_state(init, d_h), dim=-1)
-        y, X = s4d_linear_readout(z, lam, beta, self._contraction(C), init_z, True, reset)
-        return y[..., :d_h] + y[..., d_h:], state_to_interleaved(X[..., :d_h], X[..., d_h:])
-
-    def _grouped_core(self, q, a, b, lam_ri, beta_ri, G_hat, init, reset=None):
-        """Grouped state: the r = H/G query heads of a group become r batch replicas that share
-        one state (replicas of a, b and the initial state; one state is kept)."""
-        B, T, H, d_h = q.shape
-        G, r = self.num_state_groups, H // self.num_state_groups
-
-        def replicate(x):  # (B, ...) -> (B·r, ...)
-            return x.unsqueeze(1).expand(B, r, *x.shape[1:]).flatten(0, 1)
-
-        q_r = q.unflatten(2, (G, r)).permute(0, 3, 1, 2, 4).flatten(0, 1)  # (B·r, T, G, d_h)
-        o, state = interdomain_attention_real(
-            q_r,
-            replicate(a),
-            replicate(b),
-            lam_ri,
-            beta_ri,
-            G_hat,
-            None if init is None else replicate(init),
-            chunk_size=self.chunk_size,
-            reset=None if reset is None else replicate(reset),
-        )
-        o = o.unflatten(0, (B, r)).permute(0, 2, 3, 1, 4).flatten(2, 3)  # (B, T, H, d_h)
-        return o, state[::r]
-
-    def _contraction(self, C):
-        """c = Cᵀ w: the per-head mode contraction of the linear readout, (H, M) complex."""
-        return torch.einsum("hmn,hm->hn", C, self.mode_weights.float().to(C.dtype))
+        q = None if q is None else rope(q, pos, self.rope_last_base)
+        return q, rope(a, pos, self.rope_last_base)
 
     def _output(self, x, o):
         if self.out_norm is not None:  # in fp32: it amplifies near-zero outputs (early positions)
             o = self.out_norm(o.float()).to(o.dtype)
         o = o.flatten(-2)  # (B, T, d)
-        if self.readout == "linear":
+        if self.c_out is not None:
             o = self.c_out(o)
         if self.gate is not None:
-            o = torch.sigmoid(self.gate(x)) * o
+            o = self.gate(x, o)
         return self.output_proj(o)
 
     @torch.no_grad()
@@ -272,40 +195,19 @@ class SSMMixer(CachedMixer):
             if src is not None:
                 dst.copy_(src)
         a, b = self.norm_a(a), self.norm_b(b)
-        if self.rope_last:  # one position: the sequence form at T = 1
+        if self.rope_last_base is not None:  # one position: the sequence form at T = 1
             q, a = self._rope_last(None if q is None else q[:, None], a[:, None], pos[:, None])
             q, a = None if q is None else q[:, 0], a[:, 0]
-        if self.readout == "query":
-            lam_ri, beta_ri = self.ssm.discretized_real()
-            o = interdomain_decode_step_real(
-                q.unflatten(1, (self.num_state_groups, -1)),
-                a,
-                b,
-                lam_ri,
-                beta_ri,
-                self.ssm.gram(self.readout_convention),
-                cache.state,
-            )
-            o = o.flatten(1, 2)  # (B, H, d_h)
-        else:
-            lam, beta, C = self.ssm.discretized()
-            c = self._contraction(C)
-            xk, xv = cache.complex_state(self.head_dim)  # views of cache.state
-            ya, new_k = s4d_linear_step(a, lam, beta, c, xk)
-            yb, new_v = s4d_linear_step(b, lam, beta, c, xv)
-            xk.copy_(new_k)
-            xv.copy_(new_v)
-            o = ya + yb
-        return self._output(x_t, o)
+        return self._output(x_t, self.readout.step(q, a, b, self.ssm, cache.state))
 
     @torch.no_grad()
     def calibrate_(self, seq_len: int = 256, seed: int = 0) -> torch.Tensor:
-        """Rescale C so that the core's output has unit RMS on unit-variance inputs (init):
+        """Rescale C so that the readout's output has unit RMS on unit-variance inputs (init):
         one scale for all heads (``calibration="global"``) or one per state head
         (``"per_head"``: heads with slow decays are not left near zero beside fast ones).
 
-        Returns the scales applied, (G,). The output is quadratic in C for the query readout
-        (C enters through CᴴC) and linear for the linear readout.
+        Returns the scales applied, (G,). The output has degree ``readout.c_degree`` in C
+        (2 for the query readout, where C enters through CᴴC; 1 for the linear readout).
         """
         G = self.num_state_groups
         if self.ssm.C_re.is_meta or self.calibration == "none":
@@ -314,11 +216,30 @@ class SSMMixer(CachedMixer):
         x = torch.randn(1, seq_len, self.embed_dim, generator=g).to(self.output_proj.weight)
         pos, reset = positions_and_resets(None, 1, seq_len, x.device)
         (q, a, b), _ = self._inputs(x, pos, reset)
-        o = self._core(q, a, b, None)[0].float()  # (1, T, H, d_h)
+        o = self.readout(q, a, b, self.ssm, None)[0].float()  # (1, T, H, d_h)
         ms = o.pow(2).mean(dim=(0, 1, 3)).view(G, -1).mean(-1)  # (G,): per state head
         if self.calibration == "global":
             ms = ms.mean().expand(G)
-        scale = ms.clamp_min(1e-24).rsqrt() ** (0.5 if self.readout == "query" else 1.0)
+        scale = ms.clamp_min(1e-24).rsqrt() ** (1.0 / self.readout.c_degree)
         self.ssm.C_re.mul_(scale.to(self.ssm.C_re)[:, None, None])
         self.ssm.C_im.mul_(scale.to(self.ssm.C_im)[:, None, None])
         return scale.cpu()
+
+
+def upgrade_state_dict(state_dict: dict) -> dict:
+    """A state dict saved before the composition redesign, with ``RENAMED_KEYS`` moved to their
+    new names (any prefix; in place, and returned). Newer state dicts pass unchanged."""
+    for key in list(state_dict):
+        for old, new in RENAMED_KEYS.items():
+            head = key[: -len(old)]
+            if key.endswith(old) and not key.endswith(new) and (not head or head.endswith(".")):
+                if head + new not in state_dict:
+                    state_dict[head + new] = state_dict.pop(key)
+    return state_dict
+
+
+def _rename_old_keys(module, state_dict, prefix, *args) -> None:
+    """load_state_dict pre-hook: old keys of this mixer (under prefix) to their new names."""
+    for old, new in RENAMED_KEYS.items():
+        if prefix + old in state_dict and prefix + new not in state_dict:
+            state_dict[prefix + new] = state_dict.pop(prefix + old)

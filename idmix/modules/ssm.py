@@ -28,8 +28,11 @@ class S4DCore(nn.Module):
     log_A_real, A_imag: (H, M) with A = -exp(log_A_real) + i·A_imag (S4D-Inv init);
     log_dt: (H,), Δ log-uniform in [dt_min, dt_max]; C_re, C_im: (H, M, M), the full complex
     readout (complex normal, std ``c_scale`` per real component). B = 1 (redundant next to C).
-    Parameter count: H(2M² + 2M + 1).
+    Parameter count: H(2M² + 2M + 1). All in the SSM optimiser group (paper §5: capped lr, no
+    weight decay), declared by ``param_group``.
     """
+
+    param_group = "ssm"
 
     def __init__(
         self,

@@ -173,8 +173,11 @@ def load_exported_model(path, device="cpu"):
     saved = safe_load(path)
     if not isinstance(saved, dict) or "model" not in saved or "model_config" not in saved:
         raise ValueError(f"config: checkpoint {str(path)!r} is not a model_final.pt export")
+    from ..modules import upgrade_state_dict
+
     check_model_config(saved["model_config"], f"checkpoint {str(path)!r}")
     model = config.instantiate(DictConfig(saved["model_config"]))
+    upgrade_state_dict(saved["model"])  # exports from before the composition redesign
     check_compatible(model, saved["model"], f"checkpoint {str(path)!r}")
     model.load_state_dict(saved["model"])
     return model.to(device).eval()

@@ -7,18 +7,27 @@ import math
 
 import torch
 
-# Parameters of the SSM group (paper §5): the "N+b" head norms and Δ, A, C of the S4D core.
-SSM_PARAM_MARKERS = (".ssm.", ".norm_a.", ".norm_b.")
+
+def ssm_parameters(model: torch.nn.Module) -> set[int]:
+    """ids of the parameters of the SSM group (paper §5: the "N+b" head norms and Δ, A, C of
+    the S4D core): those of every module that declares ``param_group = "ssm"``."""
+    return {
+        id(p)
+        for m in model.modules()
+        if getattr(m, "param_group", None) == "ssm"
+        for p in m.parameters()
+    }
 
 
 def param_groups(model: torch.nn.Module, lr: float, weight_decay: float, ssm_lr_cap: float):
     """[default group, SSM group (lr = min(lr, ssm_lr_cap), weight decay 0)]. 1-d parameters
     outside the SSM group (RMSNorm scales) get no weight decay either."""
     ssm, decay, no_decay = [], [], []
-    for name, p in model.named_parameters():
+    in_ssm_group = ssm_parameters(model)
+    for p in model.parameters():
         if not p.requires_grad:
             continue
-        if any(m in f".{name}" for m in SSM_PARAM_MARKERS):
+        if id(p) in in_ssm_group:
             ssm.append(p)
         elif p.dim() < 2:
             no_decay.append(p)

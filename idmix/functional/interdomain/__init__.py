@@ -270,4 +270,6 @@ __all__ = [
     "interdomain_decode_step",
     "interdomain_decode_step_real",
     "empty_state",
+    "interleaved_to_state",
+    "state_to_interleaved",
 ]

@@ -1,0 +1,19 @@
+"""Interdomain Attention, the paper's practical layer (docs/design.md §1): dual KV input and
+the query-conditioned readout, composed from parts by ``ssm_mixer``."""
+
+from __future__ import annotations
+
+from .compose import ssm_mixer
+from .mixer import SSMMixer
+
+
+def InterdomainAttention(embed_dim: int, num_heads: int, **options) -> SSMMixer:  # noqa: N802
+    """Builder (named like the layer it builds): an ``SSMMixer`` with input halves
+    [ξ(SC(W_K x)), W_V x] and readout o = Re(Γᴴ U ξ(q)).
+
+    Options (``ssm_mixer``): use_rope (default on), gate (σ(W_g x) ⊙ o, default off),
+    readout_convention "conj" (default) or "product", num_modes M (default 64), chunk_size of
+    the training path, feature_map (default ξ), num_state_groups, rope_position, dt_min,
+    dt_max, a_init, calibration, output_norm, value_conv, rope_base, norm_eps.
+    """
+    return ssm_mixer(embed_dim, num_heads, dual_kv=True, query_readout=True, **options)

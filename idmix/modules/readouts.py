@@ -1,0 +1,128 @@
+"""How an SSM mixer reads its state: the query-conditioned readout of Interdomain Attention and
+the linear (S4D-only) readout. Both take the two normalised input halves a (keys) and b
+(values), the S4D core and the state in the one runtime form, (B, G, 2d_h, 2M) interleaved
+real (``idmix.functional.state_to_interleaved``), and return per-head outputs.
+
+    forward(q, a, b, core, state, reset) -> (o (B, T, H, d_h), final state)
+    step(q, a, b, core, state) -> o (B, H, d_h), the state advanced in place
+
+q: (B, T, H, d_h) (None for a readout without a query); a, b: (B, T, G, d_h); state: None or
+the initial state; reset: (B, T) bool document starts or None. ``c_degree``: the degree of the
+output in C (the calibration at init takes that root of the scale).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..functional import (
+    READOUTS,
+    interdomain_attention_real,
+    interdomain_decode_step_real,
+    interleaved_to_state,
+    state_to_interleaved,
+)
+from ..functional.interdomain.validation import check_chunk_size
+from ..functional.s4d_readout import s4d_linear_readout, s4d_linear_step
+
+
+class QueryReadout(nn.Module):
+    """o = Re(Γᴴ U ξ(q)) ("conj") or Re(Γᵀ U ξ(q)) ("product"), through the chunked O(T) path
+    in training and the O(1) step in decoding; U and Γ are never formed (docs/design.md §2).
+
+    With num_state_groups G < H, the r = H/G query heads of a group read one shared state
+    (like GQA: the state shrinks H/G times). No parameters.
+    """
+
+    c_degree = 2  # the output depends on C through CᴴC
+    needs_query = True
+
+    def __init__(
+        self, num_heads: int, num_state_groups: int, convention: str = "conj", chunk_size=64
+    ):
+        super().__init__()
+        if convention not in READOUTS:
+            raise ValueError(f"readout_convention: expected one of {READOUTS}, got {convention!r}")
+        if num_state_groups < 1 or num_heads % num_state_groups:
+            raise ValueError(
+                f"num_state_groups: expected a divisor of num_heads={num_heads}, got "
+                f"{num_state_groups!r}"
+            )
+        check_chunk_size(chunk_size)
+        self.num_heads, self.num_state_groups = num_heads, num_state_groups
+        self.convention, self.chunk_size = convention, chunk_size
+
+    def forward(self, q, a, b, core, state=None, reset=None):
+        lam_ri, beta_ri = core.discretized_real()
+        G_hat = core.gram(self.convention)
+        r = self.num_heads // self.num_state_groups
+        if r == 1:
+            return interdomain_attention_real(
+                q, a, b, lam_ri, beta_ri, G_hat, state, chunk_size=self.chunk_size, reset=reset
+            )
+        # grouped state: the r query heads of a group become r batch replicas sharing one state
+        B, T, H, d_h = q.shape
+        G = self.num_state_groups
+
+        def replicate(x):  # (B, ...) -> (B·r, ...)
+            return x.unsqueeze(1).expand(B, r, *x.shape[1:]).flatten(0, 1)
+
+        q_r = q.unflatten(2, (G, r)).permute(0, 3, 1, 2, 4).flatten(0, 1)  # (B·r, T, G, d_h)
+        o, final = interdomain_attention_real(
+            q_r,
+            replicate(a),
+            replicate(b),
+            lam_ri,
+            beta_ri,
+            G_hat,
+            None if state is None else replicate(state),
+            chunk_size=self.chunk_size,
+            reset=None if reset is None else replicate(reset),
+        )
+        o = o.unflatten(0, (B, r)).permute(0, 2, 3, 1, 4).flatten(2, 3)  # (B, T, H, d_h)
+        return o, final[::r]
+
+    def step(self, q, a, b, core, state):
+        lam_ri, beta_ri = core.discretized_real()
+        G_hat = core.gram(self.convention)
+        if self.num_state_groups == self.num_heads:  # one query per state: the fused kernel
+            return interdomain_decode_step_real(q, a, b, lam_ri, beta_ri, G_hat, state)
+        grouped = q.unflatten(1, (self.num_state_groups, -1))  # (B, G, r, d_h)
+        o = interdomain_decode_step_real(grouped, a, b, lam_ri, beta_ri, G_hat, state)
+        return o.flatten(1, 2)  # (B, H, d_h)
+
+
+class LinearReadout(nn.Module):
+    """The S4D-only readout: per channel y = Re(wᵀ C X) with one real w ∈ Rᴹ per head (the
+    ``mode_weights``, init M^-1/2), on the key and the value half alike, the halves summed.
+    No query; H·M parameters."""
+
+    c_degree = 1
+    needs_query = False
+
+    def __init__(self, num_heads: int, num_modes: int):
+        super().__init__()
+        self.mode_weights = nn.Parameter(torch.full((num_heads, num_modes), num_modes**-0.5))
+
+    def contraction(self, C):
+        """c = Cᵀ w: (H, M) complex, from C (H, M, M)."""
+        return torch.einsum("hmn,hm->hn", C, self.mode_weights.float().to(C.dtype))
+
+    def forward(self, q, a, b, core, state=None, reset=None):
+        lam, beta, C = core.discretized()
+        d_h = a.shape[-1]
+        z = torch.cat([a, b], dim=-1)
+        init = None if state is None else torch.cat(interleaved_to_state(state, d_h), dim=-1)
+        y, X = s4d_linear_readout(z, lam, beta, self.contraction(C), init, True, reset)
+        return y[..., :d_h] + y[..., d_h:], state_to_interleaved(X[..., :d_h], X[..., d_h:])
+
+    def step(self, q, a, b, core, state):
+        lam, beta, C = core.discretized()
+        c = self.contraction(C)
+        xk, xv = interleaved_to_state(state, a.shape[-1])  # complex views of the state
+        ya, new_k = s4d_linear_step(a, lam, beta, c, xk)
+        yb, new_v = s4d_linear_step(b, lam, beta, c, xv)
+        xk.copy_(new_k)
+        xv.copy_(new_v)
+        return ya + yb
