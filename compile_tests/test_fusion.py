@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from compile_tests.golden import check, kernels
-from idmix.modules.cells import InterdomainAttention
+from idmix.modules import InterdomainAttention
 
 
 def layer():

@@ -9,8 +9,13 @@ import pytest
 import torch
 
 from compile_tests.golden import check, compiled, counter
-from idmix.modules import ABLATION_CELLS, SoftmaxAttention, ablation_cell
-from idmix.modules.cells import InterdomainAttention, S4DMixer
+from idmix.modules import (
+    ABLATION_CELLS,
+    InterdomainAttention,
+    S4DMixer,
+    SoftmaxAttention,
+    ablation_cell,
+)
 from tests.helpers import max_rel_error, rel_rmse
 
 D_MODEL, HEADS, T = 64, 2, 75

@@ -1,9 +1,10 @@
 """Fused, in-place decode step of Interdomain Attention (DESIGN.md §4) in Triton.
 
-One program per (batch, head): it reads both states once, updates them in place
-(X ← λ⊙X + β⊗z), and produces o = Re(Xᵛᴴ w) with w = Ĝ [Re p; Im p], p = Xᵏᵀ q.
-States are the mode-last interleaved real views the PyTorch path uses: Kᵀ (B, H, R, 2M) and
-Vᵀ (B, H, D, 2M), entry [.., c, 2m + {0, 1}] = (Re, Im) of X[m, c]. Accumulation in fp32.
+One program per (batch, head): it reads the state once, updates it in place
+(X ← λ⊙X + β⊗z), and produces o = Re(Xᵛᴴ w) with w = Ĝ p̂, p = Xᵏᵀ q.
+The state is the runtime contract's interleaved real tensor (B, H, R+D, 2M): rows the R key
+then the D value channels, entry [.., c, 2m + {0, 1}] = (Re, Im) of X[m, c]; Ĝ is interleaved
+the same way (docs/design.md §3). Accumulation in fp32.
 No autotuning: the kernel writes its inputs in place (a retried config would see mutated state).
 """
 
@@ -78,13 +79,13 @@ def _decode_step_kernel(
     # p = Σ_r q_r Kᵀ[r, :]
     pr = tl.sum(q[:, None] * nr, axis=0)
     pi = tl.sum(q[:, None] * ni, axis=0)
-    # w = Ĝ [pr; pi], Ĝ blocked (2M, 2M): four M×M blocks
+    # w = Ĝ p̂, Ĝ interleaved (2M, 2M): the four M×M sub-grids of (even, odd) rows × columns
     gm = m_ok[:, None] & m_ok[None, :]
-    g_off = g_ptr + h * 4 * M * M + mm[:, None] * 2 * M + mm[None, :]
+    g_off = g_ptr + h * 4 * M * M + (2 * mm)[:, None] * (2 * M) + (2 * mm)[None, :]
     g11 = tl.load(g_off, mask=gm, other=0.0)
-    g12 = tl.load(g_off + M, mask=gm, other=0.0)
-    g21 = tl.load(g_off + 2 * M * M, mask=gm, other=0.0)
-    g22 = tl.load(g_off + 2 * M * M + M, mask=gm, other=0.0)
+    g12 = tl.load(g_off + 1, mask=gm, other=0.0)
+    g21 = tl.load(g_off + 2 * M, mask=gm, other=0.0)
+    g22 = tl.load(g_off + 2 * M + 1, mask=gm, other=0.0)
     wr = tl.sum(g11 * pr[None, :] + g12 * pi[None, :], axis=1)
     wi = tl.sum(g21 * pr[None, :] + g22 * pi[None, :], axis=1)
     # value state and readout: o_d = Σ_m Re Vᵀ[d, m] wr_m + Im Vᵀ[d, m] wi_m
@@ -95,33 +96,25 @@ def _decode_step_kernel(
     tl.store(o_ptr + b * s_ob + h * s_oh + dd, o, mask=d_ok)
 
 
-def _mode_last_real(X: torch.Tensor) -> torch.Tensor:
-    """(B, H, M, C) complex with mode-last storage -> (B, H, C, 2M) real view (no copy)."""
-    XT = X.mT
-    if XT.stride(-1) != 1:
-        raise ValueError("state: expected mode-last storage (see idmix.functional.empty_state)")
-    return torch.view_as_real(XT).flatten(-2)
-
-
-@torch.library.custom_op("idmix::decode_step_", mutates_args=("xk", "xv"))
+@torch.library.custom_op("idmix::decode_step_", mutates_args=("state",))
 def decode_step_triton(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    lam: torch.Tensor,
-    beta: torch.Tensor,
+    lam_ri: torch.Tensor,
+    beta_ri: torch.Tensor,
     G_hat: torch.Tensor,
-    xk: torch.Tensor,
-    xv: torch.Tensor,
+    state: torch.Tensor,
 ) -> torch.Tensor:
-    """q, k: (B, H, R); v: (B, H, D); lam, beta: (H, M) complex64; G_hat: (H, 2M, 2M) fp32,
-    blocked; xk: (B, H, M, R), xv: (B, H, M, D) complex64, mode-last, updated in place.
-    Returns o: (B, H, D) fp32."""
+    """q, k: (B, H, R); v: (B, H, D); lam_ri, beta_ri: (H, M, 2) [re, im]; G_hat: (H, 2M, 2M)
+    interleaved; state: (B, H, R+D, 2M) fp32 interleaved, unit stride over its last dim,
+    updated in place. Returns o: (B, H, D) fp32."""
     B, H, R = q.shape
-    D, M = v.shape[-1], lam.shape[-1]
-    K, V = _mode_last_real(xk), _mode_last_real(xv)
-    lam_ri = torch.view_as_real(lam.to(torch.complex64)).contiguous()
-    beta_ri = torch.view_as_real(beta.to(torch.complex64)).contiguous()
+    D, M = v.shape[-1], lam_ri.shape[1]
+    if state.dtype != torch.float32 or state.stride(-1) != 1:
+        raise ValueError("state: the triton decode step takes fp32 with unit stride over 2M")
+    K, V = state[:, :, :R], state[:, :, R:]
+    lam_ri, beta_ri = (x.float().contiguous() for x in (lam_ri, beta_ri))
     G = G_hat.float().contiguous()
     o = torch.empty(B, H, D, dtype=torch.float32, device=q.device)
     _decode_step_kernel[(B * H,)](
@@ -160,5 +153,5 @@ def decode_step_triton(
 
 
 @decode_step_triton.register_fake
-def _(q, k, v, lam, beta, G_hat, xk, xv):
+def _(q, k, v, lam_ri, beta_ri, G_hat, state):
     return q.new_empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float32)

@@ -107,8 +107,11 @@ def test_readout_gram_reproduces_complex_readout(readout):
     Gam = C @ Xv
     ref = ((Gam.conj().mT if readout == "conj" else Gam.mT) @ a).real.squeeze(-1)
     G_hat = readout_gram(C, readout)
-    p = torch.cat([(Xk @ q).real, (Xk @ q).imag], -2)
-    Xv_hat = torch.cat([Xv.real, Xv.imag], -2)
+
+    def interleave(X):  # (H, M, n) complex -> (H, 2M, n): rows Re X₀, Im X₀, Re X₁, …
+        return torch.view_as_real(X).transpose(-1, -2).reshape(H, 2 * M, -1)
+
+    p, Xv_hat = interleave(Xk @ q), interleave(Xv)
     got = (Xv_hat.mT @ G_hat @ p).squeeze(-1)
     assert_rel(got, ref, 1e-12)
     if readout == "conj":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from tensordict import tensorclass
 
-from ..functional.interdomain.realform import interleaved_to_state
+from ..functional import interleaved_to_state
 
 
 @tensorclass

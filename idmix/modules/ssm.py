@@ -107,7 +107,7 @@ class S4DCore(nn.Module):
         )
 
     def gram(self, readout: str) -> torch.Tensor:
-        """Ĝ (H, 2M, 2M) fp32 real, blocked (``readout_gram``), from C in real GEMMs."""
+        """Ĝ (H, 2M, 2M) fp32 real, interleaved (``readout_gram``), from C in real GEMMs."""
         return self._memoised(
             f"gram_{readout}",
             lambda: readout_gram_real(self.C_re.float(), self.C_im.float(), readout),

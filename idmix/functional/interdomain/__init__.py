@@ -10,7 +10,7 @@ from .closed_form import interdomain_attention_closed_form
 from .decode import empty_state, interdomain_decode_step, interdomain_decode_step_real
 from .naive import interdomain_attention_naive
 from .nonfinite import poison_output, poison_state, sanitise
-from .realform import blocked_to_interleaved, interleaved_to_state, state_to_interleaved
+from .realform import interleaved_to_state, state_to_interleaved
 from .validation import (
     State,
     check_backend,
@@ -21,6 +21,7 @@ from .validation import (
     check_qkv,
     check_real_params,
     check_reset,
+    check_state,
     warn_if_unstable,
 )
 from .varlen import varlen
@@ -63,7 +64,7 @@ def _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, backen
     q_, k_, v_ = (x.to(rdtype) for x in (q, k, v))
     Z0 = q_.new_zeros(B, H, R + D, 2 * M) if Z0 is None else Z0.to(rdtype)
     decays = chunk_decay_inputs(lam_ri.to(rdtype), beta_ri.to(rdtype), T, chunk_size)
-    G = blocked_to_interleaved(G_hat.to(rdtype))
+    G = G_hat.to(rdtype)
     o, Z, _ = chunked_forward(q_, k_, v_, list(decays), G, Z0, reset, chunk_size, backend)
     return o.to(q.dtype), Z
 
@@ -85,7 +86,7 @@ def interdomain_attention_real(
     entry point the layers use, so that Inductor (which has no complex codegen) compiles them.
 
     q, k: (B, T, H, R); v: (B, T, H, D); lam_ri, beta_ri: (H, M, 2) [re, im]
-    (``discretize_real``); G_hat: (H, 2M, 2M) blocked (``readout_gram_real``);
+    (``discretize_real``); G_hat: (H, 2M, 2M) interleaved (``readout_gram_real``);
     initial_state: (B, H, R+D, 2M) interleaved real state (rows: the R key then the D value
     channels; columns: re₀, im₀, re₁, …), zeros if None; reset and backend as in
     ``interdomain_attention``.
@@ -236,8 +237,20 @@ def interdomain_attention_varlen(
     return_final_state. The other arguments are those of ``interdomain_attention``.
     """
 
-    def attend(q_, k_, v_, reset, init, _final):
-        return interdomain_attention(
+    H = check_qkv(q, k, v)[2]  # ranks and sizes before the batch-of-one rule and any indexing
+    M = check_params(lam, beta, C, H, readout)
+    check_devices("q", q, lam=lam, beta=beta, C=C, initial_state=initial_state)
+    R, D = q.shape[-1], v.shape[-1]
+    init = None
+    if initial_state is not None:
+        # one state per sequence: varlen checks that count against cu_seqlens
+        first = initial_state[0] if isinstance(initial_state, (tuple, list)) else None
+        N = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() == 4 else -1
+        check_state(initial_state, N, H, M, R, D, "initial_state")
+        init = state_to_interleaved(*initial_state)
+
+    def attend(q_, k_, v_, reset, init_, _final):
+        o, state = interdomain_attention(
             q_,
             k_,
             v_,
@@ -245,17 +258,56 @@ def interdomain_attention_varlen(
             beta,
             C,
             readout=readout,
-            initial_state=init,
+            initial_state=None if init_ is None else interleaved_to_state(init_, R),
             return_final_state=True,
             chunk_size=chunk_size,
             impl=impl,
             reset=reset,
             backend=backend,
         )
+        return o, state_to_interleaved(*state)
 
-    H = check_qkv(q, k, v)[2]  # ranks and sizes before the batch-of-one rule and any indexing
-    M = check_params(lam, beta, C, H, readout)
-    check_devices("q", q, lam=lam, beta=beta, C=C, initial_state=initial_state)
+    o, state = varlen(attend, q, k, v, cu_seqlens, M, init, return_final_state)
+    return (o, interleaved_to_state(state, R)) if return_final_state else o
+
+
+def interdomain_attention_varlen_real(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam_ri: torch.Tensor,
+    beta_ri: torch.Tensor,
+    G_hat: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | None = None,
+    return_final_state: bool = False,
+    chunk_size: int = 64,
+    backend: str = "auto",
+):
+    """``interdomain_attention_real`` over N packed sequences (the runtime form of
+    ``interdomain_attention_varlen``): q, k: (1, S, H, R); v: (1, S, H, D); lam_ri, beta_ri,
+    G_hat as for ``interdomain_attention_real``; cu_seqlens: (N+1,) offsets; initial_state:
+    (N, H, R+D, 2M) real or None (zeros). Returns o: (1, S, H, D), or (o, final states
+    (N, H, R+D, 2M)) if return_final_state."""
+    H = check_qkv(q, k, v)[2]
+    M = check_real_params(lam_ri, beta_ri, G_hat, H)
+    check_devices("q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, initial_state=initial_state)
+
+    def attend(q_, k_, v_, reset, init_, _final):
+        return interdomain_attention_real(
+            q_,
+            k_,
+            v_,
+            lam_ri,
+            beta_ri,
+            G_hat,
+            init_,
+            chunk_size=chunk_size,
+            reset=reset,
+            backend=backend,
+        )
+
     o, state = varlen(attend, q, k, v, cu_seqlens, M, initial_state, return_final_state)
     return (o, state) if return_final_state else o
 
@@ -265,6 +317,7 @@ __all__ = [
     "interdomain_attention",
     "interdomain_attention_real",
     "interdomain_attention_varlen",
+    "interdomain_attention_varlen_real",
     "interdomain_attention_naive",
     "interdomain_attention_closed_form",
     "interdomain_decode_step",

@@ -1,9 +1,9 @@
-"""Single-token decode step (DESIGN.md §4): O(M(R+D) + M²) per head.
+"""Single-token decode step (docs/design.md §4): O(M(R+D) + M²) per head.
 
-The state tensors keep their documented shapes, (B, H, M, R) and (B, H, M, D), but the fast
-path wants them stored mode-last, i.e. as transposes of contiguous (B, H, R, M) tensors (what
-the chunked path returns and ``empty_state`` allocates): then every product below is a real
-matrix-vector product over an interleaved real view, with no copy of the state.
+The runtime form is the real one: ``interdomain_decode_step_real`` advances the interleaved
+real state (B, H, R+D, 2M) in place, on PyTorch or the fused Triton kernel. The complex
+``interdomain_decode_step`` is a thin wrapper around it (one copy of the state each way), kept as
+the readable API and reference.
 """
 
 from __future__ import annotations
@@ -23,19 +23,9 @@ from .validation import (
 
 
 def empty_state(B, H, M, R, D, dtype=torch.complex64, device=None) -> State:
-    """Zero state (Xk: (B, H, M, R), Xv: (B, H, M, D)) in the decode step's mode-last layout."""
+    """Zero complex state (Xk: (B, H, M, R), Xv: (B, H, M, D)), views of one buffer."""
     Z = torch.zeros(B, H, R + D, M, dtype=dtype, device=device).mT
     return Z[..., :R], Z[..., R:]
-
-
-def _mode_last(X: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """(B, H, M, C) complex -> ((B, H, C, M) with unit stride over M, whether it is a view)."""
-    XT = X.mT
-    if XT.stride(-1) == 1 and XT.stride(-2) == XT.shape[-1]:
-        return XT, True
-    # clone, not .contiguous(): with M = 1 a transposed tensor already counts as contiguous
-    # while its last stride is not 1
-    return XT.clone(memory_format=torch.contiguous_format), False
 
 
 def _use_triton(backend: str, q: torch.Tensor) -> bool:
@@ -52,23 +42,6 @@ def _use_triton(backend: str, q: torch.Tensor) -> bool:
     return True
 
 
-def _triton_step(q, k, v, lam, beta, G_hat, state, inplace):
-    import idmix_kernels
-
-    if q.dim() != 3:
-        raise ValueError(f"q: the triton decode step takes (B, H, R), got {tuple(q.shape)}")
-    Xk, Xv = state if inplace else tuple(X.clone() for X in state)  # clone keeps the layout
-    work = []
-    for X in (Xk, Xv):
-        XT, is_view = _mode_last(X.to(torch.complex64))
-        work.append((XT, is_view and X.dtype == torch.complex64))
-    o = idmix_kernels.decode_step_triton(q, k, v, lam, beta, G_hat, *(XT.mT for XT, _ in work))
-    for X, (XT, is_view) in zip((Xk, Xv), work, strict=True):
-        if not is_view:  # the kernel updated a copy in its layout
-            X.copy_(XT.mT)
-    return o.to(q.dtype), (Xk, Xv)
-
-
 def interdomain_decode_step(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -83,17 +56,17 @@ def interdomain_decode_step(
     """Advance the state by one position and read it out.
 
     q: (B, H, R), or (B, H, r, R) for r query heads reading each state head (grouped state);
-    k: (B, H, R); v: (B, H, D); lam, beta: (H, M) complex; G_hat: (H, 2M, 2M) real, blocked
+    k: (B, H, R); v: (B, H, D); lam, beta: (H, M) complex; G_hat: (H, 2M, 2M) real, interleaved
     (``readout_gram(C, readout)``, computed once per set of weights, not per step);
     state: (Xk: (B, H, M, R), Xv: (B, H, M, D)) complex, updated in place if ``inplace``.
     Returns (o: (B, H, D), or (B, H, r, D), in q's dtype; new state).
 
-    Steps: X ← λ⊙X + β⊗z; p = Xᵏ q; w̃ = Ĝ [Re p; Im p]; o = Re(Xᵛᴴ (w̃[:M] + i w̃[M:])).
+    Steps: X ← λ⊙X + β⊗z; p = Xᵏ q; w̃ = Ĝ p̂ (p̂, w̃: p, w in interleaved real form);
+    o = Re(Xᵛᴴ w).
     U and Γ are never formed (the paper's O(M²(R+D)) form); the state is read once.
 
-    backend: "torch", "triton" (the fused in-place kernel of ``idmix_kernels``; on CPU only
-    under TRITON_INTERPRET=1; 3-dim q and complex64 mode-last states), or "auto": triton for
-    CUDA tensors when it is installed, torch otherwise.
+    backend: as for :func:`interdomain_decode_step_real`. A thin wrapper of it: the state is
+    copied to the real form and back.
     """
     if not isinstance(state, (tuple, list)) or len(state) != 2:
         raise TypeError(f"state: expected a tuple (Xk, Xv), got {type(state).__name__}")
@@ -105,11 +78,14 @@ def interdomain_decode_step(
     check_decode_inputs(q, k, v, B, H, R, D)
     check_decays_and_gram(lam, beta, G_hat, H, M)
     check_devices("q", q, lam=lam, beta=beta, G_hat=G_hat, state=state)
-    if _use_triton(backend, q):
-        return _triton_step(q, k, v, lam, beta, G_hat, state, inplace)
     R = state[0].shape[-1]
-    Z = state_to_interleaved(*state)  # (B, H, R+D, 2M), a copy
-    o, Z = _torch_step(q, k, v, torch.view_as_real(lam), torch.view_as_real(beta), G_hat, Z)
+    cdtype = torch.complex128 if state[0].dtype == torch.complex128 else torch.complex64
+    Z = state_to_interleaved(*(X.to(cdtype) for X in state))  # a copy
+    lam_ri, beta_ri = (torch.view_as_real(x.to(cdtype)) for x in (lam, beta))
+    if _use_triton(backend, q) and (q.dim() == 3 or backend == "triton"):
+        o = interdomain_decode_step_real(q, k, v, lam_ri, beta_ri, G_hat, Z, backend="triton")
+    else:  # functional, so that gradients flow through a sequence of steps
+        o, Z = _torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z)
     Xk, Xv = interleaved_to_state(Z, R)
     if inplace:
         state[0].copy_(Xk)
@@ -131,9 +107,13 @@ def interdomain_decode_step_real(
     """The decode step on the real interleaved state the layers keep, updated in place.
 
     q: (B, H, R) or (B, H, r, R); k: (B, H, R); v: (B, H, D); lam_ri, beta_ri: (H, M, 2);
-    G_hat: (H, 2M, 2M) blocked; state: (B, H, R+D, 2M) real, contiguous (the state of
+    G_hat: (H, 2M, 2M) interleaved; state: (B, H, R+D, 2M) real, contiguous (the state of
     ``interdomain_attention_real``). Returns o: (B, H, D) or (B, H, r, D) in q's dtype.
-    No complex tensor on the torch path, so it compiles whole with Inductor.
+    No complex tensor anywhere, so the torch path compiles whole with Inductor.
+
+    backend: "torch", "triton" (the fused in-place kernel of ``idmix_kernels``; on CPU only
+    under TRITON_INTERPRET=1; 3-dim q and an fp32 state), or "auto": triton for CUDA tensors
+    with 3-dim q when it is installed, torch otherwise.
     """
     if (
         not isinstance(state, torch.Tensor)
@@ -155,14 +135,14 @@ def interdomain_decode_step_real(
         )
     check_decode_inputs(q, k, v, B, H, R, state.shape[2] - R)
     check_devices("q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, state=state)
-    # the kernel takes one query per state head: grouped (4-dim) queries use the torch step
-    # unless the triton backend is asked for explicitly (then _triton_step says why it cannot)
+    # the fused kernel takes one query per state head: grouped (4-dim) queries use the torch
+    # step unless the triton backend is asked for explicitly (then it says why it cannot)
     if _use_triton(backend, q) and (q.dim() == 3 or backend == "triton"):
-        R = k.shape[-1]
-        Zc = torch.view_as_complex(state.unflatten(-1, (-1, 2)))  # (B, H, R+D, M), mode-last
-        lam, beta = (torch.view_as_complex(x.contiguous()) for x in (lam_ri, beta_ri))
-        states = (Zc[..., :R, :].mT, Zc[..., R:, :].mT)
-        return _triton_step(q, k, v, lam, beta, G_hat, states, inplace=True)[0]
+        if q.dim() != 3:
+            raise ValueError(f"q: the triton decode step takes (B, H, R), got {tuple(q.shape)}")
+        import idmix_kernels
+
+        return idmix_kernels.decode_step_triton(q, k, v, lam_ri, beta_ri, G_hat, state).to(q.dtype)
     o, new = _torch_step(q, k, v, lam_ri, beta_ri, G_hat, state)
     state.copy_(new)
     return o
@@ -182,11 +162,9 @@ def _torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z):
         new = new.view(B, H, C, M2)  # X ← λ⊙X + β⊗z, in one fused pass under compile
         R = k.shape[-1]
         rows = q.to(rdtype) if q.dim() == 4 else q.to(rdtype)[:, :, None, :]  # (B, H, r, R)
-        r = rows.shape[2]
         p = rows @ new[..., :R, :]  # (B, H, r, 2M) interleaved
-        p_blocked = p.view(B, H, r, M, 2).transpose(-1, -2).reshape(B, H, r, M2)
         # Row-vector products throughout: CPU BLAS is several times faster at x @ A than A @ x.
-        w = (p_blocked @ G_hat.to(rdtype).mT).view(B, H, r, 2, M).transpose(-1, -2)
-        o = w.reshape(B, H, r, M2) @ new[..., R:, :].mT  # Σ_m Re(Xᵛ)w_re + Im(Xᵛ)w_im
+        w = p @ G_hat.to(rdtype).mT  # w̃ = Ĝ p̂
+        o = w @ new[..., R:, :].mT  # Σ_m Re(Xᵛ)w_re + Im(Xᵛ)w_im
         o = o if q.dim() == 4 else o.squeeze(-2)
     return o.to(q.dtype), new

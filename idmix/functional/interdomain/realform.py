@@ -1,6 +1,6 @@
 """Real-form helpers. Complex dtypes never reach the GEMM paths: a complex vector over M modes
-becomes 2M reals, either blocked [Re; Im] (``readout_gram``'s Ĝ) or interleaved
-(re₀, im₀, re₁, …) (the chunked path, where ``view_as_complex`` is then free).
+becomes 2M interleaved reals (re₀, im₀, re₁, …), the one layout of the runtime contract: the
+state (B, H, R+D, 2M) and Ĝ (H, 2M, 2M) (``view_as_complex`` of it is then free).
 """
 
 from __future__ import annotations
@@ -25,13 +25,6 @@ def powers(log_mag: torch.Tensor, theta: torch.Tensor, n: torch.Tensor):
     mag = torch.exp(nn * log_mag.view(view))
     ang = nn * theta.view(view)
     return mag * torch.cos(ang), mag * torch.sin(ang)
-
-
-def blocked_to_interleaved(G_hat: torch.Tensor) -> torch.Tensor:
-    """Reorder Ĝ: (H, 2M, 2M) from blocked [Re; Im] rows/cols to interleaved order."""
-    M = G_hat.shape[-1] // 2
-    perm = torch.arange(2 * M, device=G_hat.device).view(2, M).t().reshape(-1)
-    return G_hat[:, perm][:, :, perm]
 
 
 def state_to_interleaved(Xk: torch.Tensor, Xv: torch.Tensor) -> torch.Tensor:

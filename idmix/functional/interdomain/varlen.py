@@ -1,11 +1,9 @@
 """Variable-length packed sequences (``cu_seqlens``), each with its own initial and final
-state."""
+state, in the runtime form (N, H, R+D, 2M) interleaved real."""
 
 from __future__ import annotations
 
 import torch
-
-from .validation import State, check_state
 
 
 def check_cu_seqlens(cu_seqlens, total: int) -> list[int]:
@@ -26,21 +24,25 @@ def check_cu_seqlens(cu_seqlens, total: int) -> list[int]:
     return cu
 
 
-def varlen(attend, q, k, v, cu_seqlens, M: int, initial_state: State | None, final: bool):
+def varlen(attend, q, k, v, cu_seqlens, M: int, initial_state, final: bool):
     """Runs attend(q, k, v, reset, initial_state, final) -> (o, state) over packed sequences.
 
-    q, k: (1, S, H, R); v: (1, S, H, D); initial_state: (Xk (N, H, M, R), Xv (N, H, M, D)) or
-    None. Without initial or final states: one call on the packed row with a reset at every
-    sequence start. Otherwise the sequences are grouped by length and each group runs as one
-    batch (exact; one call per distinct length). Returns (o (1, S, H, D), final states or None).
+    q, k: (1, S, H, R); v: (1, S, H, D); initial_state: (N, H, R+D, 2M) real or None; attend
+    takes and returns states in that form. Without initial or final states: one call on the
+    packed row with a reset at every sequence start. Otherwise the sequences are grouped by
+    length and each group runs as one batch (exact; one call per distinct length).
+    Returns (o (1, S, H, D), final states or None).
     """
     if q.shape[0] != 1:
         raise ValueError(f"q: expected a packed batch of 1 row with cu_seqlens, got B={q.shape[0]}")
     S, H, R, D = q.shape[1], q.shape[2], q.shape[3], v.shape[3]
     cu = check_cu_seqlens(cu_seqlens, S)
     N = len(cu) - 1
-    if initial_state is not None:
-        check_state(initial_state, N, H, M, R, D, "initial_state")
+    if initial_state is not None and tuple(initial_state.shape) != (N, H, R + D, 2 * M):
+        raise ValueError(
+            f"initial_state: expected (N, H, R+D, 2M) = {(N, H, R + D, 2 * M)}, got "
+            f"{tuple(initial_state.shape)}"
+        )
     if initial_state is None and not final:
         reset = torch.zeros(1, S, dtype=torch.bool, device=q.device)
         reset[0, cu[:-1]] = True
@@ -51,7 +53,7 @@ def varlen(attend, q, k, v, cu_seqlens, M: int, initial_state: State | None, fin
         rows = [i for i, n in enumerate(lengths) if n == length]
         starts = torch.tensor([cu[i] for i in rows], device=q.device)
         index = starts[:, None] + torch.arange(length, device=q.device)  # (n, length)
-        init = None if initial_state is None else tuple(s[rows] for s in initial_state)
+        init = None if initial_state is None else initial_state[rows]
         o, state = attend(q[0, index], k[0, index], v[0, index], None, init, True)
         positions.append(index.flatten())
         outs.append(o.flatten(0, 1))
@@ -61,4 +63,4 @@ def varlen(attend, q, k, v, cu_seqlens, M: int, initial_state: State | None, fin
     if not final:
         return o, None
     order = torch.tensor(members, device=q.device).argsort()
-    return o, tuple(torch.cat([f[j] for f in finals])[order] for j in range(2))
+    return o, torch.cat(finals)[order]
