@@ -14,11 +14,7 @@ import torch
 
 from .interdomain.nonfinite import contain, poison_output, poison_state
 from .interdomain.validation import check_reset
-
-
-def _powers(lam: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """λ^n for n >= 0 (H, M) x (N,) -> (H, N, M) complex, via exp(n log λ)."""
-    return torch.exp(n.to(lam.real.dtype)[None, :, None] * torch.log(lam)[:, None, :])
+from .powers import complex_powers
 
 
 def s4d_linear_readout(
@@ -59,7 +55,7 @@ def _readout(z, lam, beta, c, initial_state, reset, need_state: bool):
             y, X = _chunked_with_resets(zr, lam, beta, c, X0, reset)
             return y.to(z.dtype), X
         n = torch.arange(T, device=z.device)
-        pw = _powers(lam, n)  # (H, T, M)
+        pw = complex_powers(lam, n)  # (H, T, M)
         kernel = ((c * beta)[:, None, :] * pw).sum(-1).real  # (H, T)
         size = 2 * T
         zf = torch.fft.rfft(zr, n=size, dim=1)  # (B, size//2+1, H, Cz)
@@ -96,7 +92,7 @@ def _chunked_with_resets(z, lam, beta, c, X0, reset, L: int = RESET_CHUNK):
     pad = N * L - T
     zc = torch.nn.functional.pad(z, (0, 0, 0, 0, 0, pad)).view(B, N, L, H, Cz)
     rs = torch.nn.functional.pad(reset, (0, pad)).view(B, N, L)
-    pw = _powers(lam, torch.arange(L + 1, device=z.device))  # λ^0..λ^L: (H, L+1, M)
+    pw = complex_powers(lam, torch.arange(L + 1, device=z.device))  # λ^0..λ^L: (H, L+1, M)
     # document structure within each chunk
     d = rs.long().cumsum(-1)  # starts so far in the chunk, (B, N, L)
     causal = torch.ones(L, L, dtype=torch.bool, device=z.device).tril()
@@ -115,7 +111,7 @@ def _chunked_with_resets(z, lam, beta, c, X0, reset, L: int = RESET_CHUNK):
     inc = torch.einsum("hsm,bnshc->bnhmc", end, (zc * contrib[..., None, None]).to(end.dtype))
     # S_j = Σ_{i<j} reach[j, i] λ^{L(j-1-i)} inc_i + reach0[j] λ^{Lj} X0
     j = torch.arange(N, device=z.device)
-    pwL = _powers(lam, L * j)  # λ^{L n}: (H, N, M)
+    pwL = complex_powers(lam, L * j)  # λ^{L n}: (H, N, M)
     cum = starts_before[:, (j - 1).clamp_min(0)]  # chunks with a start, up to j - 1: (B, N)
     reach = (j[:, None] > j[None, :]) & (cum[:, :, None] == starts_before[:, None, :])
     gap = (j[:, None] - 1 - j[None, :]).clamp_min(0)
@@ -130,11 +126,11 @@ def _chunked_with_resets(z, lam, beta, c, X0, reset, L: int = RESET_CHUNK):
     # final state: inputs of each row's last document, plus X0 if the row never resets
     doc = reset.long().cumsum(1)
     last_doc = (doc == doc[:, -1:]).to(z.dtype)  # (B, T)
-    w_end = beta[:, None, :] * _powers(lam, torch.arange(T, device=z.device)).flip(1)
+    w_end = beta[:, None, :] * complex_powers(lam, torch.arange(T, device=z.device)).flip(1)
     X = torch.einsum("hsm,bshc->bhmc", w_end, (z * last_doc[..., None, None]).to(w_end.dtype))
     if X0 is not None:
         keep = (doc[:, -1] == 0).to(z.dtype)[:, None, None, None]
-        lam_T = _powers(lam, torch.tensor([T], device=z.device))[:, 0]  # (H, M)
+        lam_T = complex_powers(lam, torch.tensor([T], device=z.device))[:, 0]  # (H, M)
         X = X + keep * lam_T[None, :, :, None] * X0
     return y, X
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..powers import complex_powers
 from .validation import State
 
 
@@ -33,8 +34,7 @@ def interdomain_attention_closed_form(
     idx = torch.arange(T, device=q.device)
     lag = idx[:, None] - idx[None, :]  # (T, T)
     causal = lag >= 0
-    log_lam = torch.log(lam_)  # (H, M)
-    powers = torch.exp(lag.clamp_min(0).to(rdtype)[None, :, :, None] * log_lam[:, None, None, :])
+    powers = complex_powers(lam_, lag.clamp_min(0))  # (H, T, T, M)
     powers = torch.where(causal[None, :, :, None], powers, torch.zeros_like(powers))
     g = torch.einsum("hmn,htsn->htsm", C, beta_[:, None, None, :] * powers)  # (H, T, T, M)
     qc, kc, vc = q.to(rdtype), k.to(rdtype), v.to(rdtype)
@@ -49,7 +49,7 @@ def interdomain_attention_closed_form(
     first = (doc == 0)[:, None, :, None]  # (B, 1, T, 1): still in the initial state's sequence
     scores = scores * same
     a = torch.einsum("bhts,htsm->bhtm", scores.to(cdtype), g)  # (B, H, T, M)
-    lam_pow = torch.exp((idx + 1).to(rdtype)[None, :, None] * log_lam[:, None, :])  # (H, T, M)
+    lam_pow = complex_powers(lam_, idx + 1)  # (H, T, M)
     if initial_state is not None:
         X0k, X0v = (s.to(cdtype) for s in initial_state)
         X0k_q = torch.einsum("bhmr,bthr->bhtm", X0k, qc.to(cdtype))
@@ -62,13 +62,12 @@ def interdomain_attention_closed_form(
         Gam0 = Gam0.conj() if readout == "conj" else Gam0
         o = o + (first * torch.einsum("bhtmd,bhtm->bhtd", Gam0, a).real).transpose(1, 2)
     # Final state: X_T = λ^T X0 + Σ_s β λ^{T-1-s} z_s.
-    w_end = beta_[:, None, :] * torch.exp(
-        (T - 1 - idx).to(rdtype)[None, :, None] * log_lam[:, None, :]
-    )
+    w_end = beta_[:, None, :] * complex_powers(lam_, T - 1 - idx)
     last = (doc == doc[:, -1:]).to(rdtype)[..., None, None]  # (B, T, 1, 1): in the last sequence
     Xk = torch.einsum("hsm,bshr->bhmr", w_end, (kc * last).to(cdtype))
     Xv = torch.einsum("hsm,bshd->bhmd", w_end, (vc * last).to(cdtype))
     if initial_state is not None:
-        lam_T = torch.exp(T * log_lam)[None, :, :, None] * (doc[:, -1] == 0)[:, None, None, None]
+        lam_T = complex_powers(lam_, idx.new_tensor(T))[None, :, :, None]
+        lam_T = lam_T * (doc[:, -1] == 0)[:, None, None, None]
         Xk, Xv = Xk + lam_T * X0k, Xv + lam_T * X0v
     return o.to(q.dtype), (Xk, Xv)

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from .realform import polar, powers
+from ..powers import polar, powers
 
 
 class ChunkDecays(NamedTuple):
