@@ -6,7 +6,7 @@ against context length. For a lent H200; finishes in a few minutes.
 
 Shapes: H=16, R=D=M=64, chunk 64, bf16 inputs (the SSM runs in fp32 inside), B = 65,536 // T
 (at least 1) so every length processes the same number of tokens. TFLOP/s use the op's
-multiply-add count per token and head, L(R+D) + 4LM + 4M(R+D) + 4M² (DESIGN.md §3; ×3 for
+multiply-add count per token and head, L(R+D) + 4LM + 4M(R+D) + 4M² (docs/design.md §4; ×3 for
 fwd+bwd), and 2·T·d per token and head for causal attention (×2.5 for fwd+bwd).
 "id" columns run the chunked op on the Triton kernels (state scan and the intra-chunk passes,
 forward and backward), "id … torch" on its PyTorch GEMM path, so one run shows which is faster.

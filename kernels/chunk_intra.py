@@ -1,4 +1,4 @@
-"""The two intra-chunk passes of the chunked algorithm (DESIGN.md §3) as Triton kernels, one
+"""The two intra-chunk passes of the chunked algorithm (docs/design.md §4) as Triton kernels, one
 program per (batch, head, chunk), for the forward of one segment (chunked.py's layouts).
 
 pass 1:  p_t = λ^{t+1} ⊙ (Xᵏ_start q_t) + Σ_{s≤t} (q_t · k_s) β λ^{t-s}

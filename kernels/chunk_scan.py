@@ -1,4 +1,4 @@
-"""The inter-chunk state pass of the chunked algorithm (DESIGN.md §3) as one Triton kernel.
+"""The inter-chunk state pass of the chunked algorithm (docs/design.md §4) as one Triton kernel.
 
 forward:  S_0 = Z0, S_{j+1} = c_j ⊙ S_j + inc_j          (returns S_0..S_{N-1} and S_N)
 reverse:  G_N = Z0, G_j = conj(c_j) ⊙ G_{j+1} + inc_j     (the adjoint; returns G_1..G_N, G_0)

@@ -1,4 +1,4 @@
-"""Fused, in-place decode step of Interdomain Attention (DESIGN.md §4) in Triton.
+"""Fused, in-place decode step of Interdomain Attention (docs/design.md §5) in Triton.
 
 One program per (batch, head): it reads the state once, updates it in place
 (X ← λ⊙X + β⊗z), and produces o = Re(Xᵛᴴ w) with w = Ĝ p̂, p = Xᵏᵀ q.

@@ -2,4 +2,4 @@
 
 torchtune installs a top-level package also named ``recipes``; the start-up hook in
 ``tools/recipes-hook`` (installed by the README's set-up command) makes this folder win when
-the working directory is the repository root. See DESIGN.md §7."""
+the working directory is the repository root. See docs/design.md §9."""

@@ -14,7 +14,7 @@ from idmix.modules import (
     SoftmaxAttention,
 )
 
-PAPER = {  # DESIGN.md §1 / paper Table 3
+PAPER = {  # docs/design.md §1 / paper Table 3
     "125m": (134_105_856, 135_416_208, 12, 12),
     "350m": (373_867_520, 377_360_768, 24, 16),
     "760m": (777_856_512, 781_498_752, 24, 16),

@@ -47,3 +47,21 @@ def test_readme_python_examples_run():
     assert blocks
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
+
+
+def test_design_citations_point_into_the_repository():
+    """Docstrings and docs cite docs/design.md by section (no notes outside the repository), and
+    every cited section exists."""
+    import subprocess
+
+    files = subprocess.run(
+        ["git", "ls-files", "*.py", "*.md", "*.yaml"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    design = (ROOT / "docs" / "design.md").read_text()
+    sections = set(re.findall(r"^## (\d+)\.", design, flags=re.M))
+    for name in files:
+        text = (ROOT / name).read_text()
+        outside = re.escape("DESIGN" + ".md") + "|" + re.escape("paper-" + "notes")
+        assert not re.search(outside, text), f"{name} cites design notes outside the repository"
+        for cited in re.findall(r"docs/design\.md §(\d+)", text):
+            assert cited in sections, f"{name} cites docs/design.md §{cited}"

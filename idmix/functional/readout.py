@@ -1,4 +1,4 @@
-"""Readout Gram: the full complex readout C enters the layer only through Ĝ (DESIGN.md §2)."""
+"""Readout Gram: the full complex readout C enters the layer only through Ĝ (docs/design.md §2)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """torchtune-style model builders (torchtune is imported when a builder runs, not here)."""
 
 from .configs import (
+    CPU_SCALES,
+    CPU_SSM_DEFAULTS,
     MODEL_BUILDERS,
     ablation_125m,
     cpu_model,
@@ -27,6 +29,8 @@ from .configs import (
 from .decoder import decoder, init_weights_, mixer_factory, swiglu_hidden_dim
 
 __all__ = [
+    "CPU_SCALES",
+    "CPU_SSM_DEFAULTS",
     "MODEL_BUILDERS",
     "ablation_125m",
     "cpu_model",

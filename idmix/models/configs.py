@@ -8,7 +8,7 @@ from .decoder import decoder
 PAPER_VOCAB = 32_000
 PAPER_CONTEXT = 4096
 
-# name: (embed_dim, num_layers, num_heads) — paper-notes §4; d_h = 64 except 760M (96)
+# name: (embed_dim, num_layers, num_heads) — docs/design.md §1; d_h = 64 except 760M (96)
 PAPER_SCALES = {
     "125m": (768, 12, 12),
     "350m": (1024, 24, 16),

@@ -129,7 +129,12 @@ def _trusted_builders() -> set[str]:
     import idmix.models
 
     names = {f"idmix.models.{n}" for n in idmix.models.__all__}
-    names -= {"idmix.models.MODEL_BUILDERS", "idmix.models.init_weights_"}
+    names -= {
+        "idmix.models.MODEL_BUILDERS",
+        "idmix.models.init_weights_",
+        "idmix.models.CPU_SCALES",
+        "idmix.models.CPU_SSM_DEFAULTS",
+    }
     extra = os.environ.get(TRUSTED_BUILDERS_ENV, "")
     return names | {n.strip() for n in extra.split(",") if n.strip()}
 

@@ -1,4 +1,4 @@
-"""Make ``tune run recipes/<name>.py`` run this project's recipes (DESIGN.md §7).
+"""Make ``tune run recipes/<name>.py`` run this project's recipes (docs/design.md §9).
 
 torchtune's wheel installs a top-level package named ``recipes`` whose ``__init__`` raises, and
 ``tune run recipes/x.py`` imports the module ``recipes.x`` with the working directory appended

@@ -150,7 +150,7 @@ def interdomain_attention(
     reset: torch.Tensor | None = None,
     backend: str = "auto",
 ):
-    """Interdomain Attention core (DESIGN.md §1 steps 6–7) over a whole sequence.
+    """Interdomain Attention core (docs/design.md §1 steps 6–7) over a whole sequence.
 
     q, k: (B, T, H, R) real (q = ξ(q), k = k̃, the SSM key input); v: (B, T, H, D) real (ṽ);
     lam, beta: (H, M) complex (discretised S4D); C: (H, M, M) complex readout;

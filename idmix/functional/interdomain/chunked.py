@@ -1,4 +1,4 @@
-"""Chunked two-pass O(T) algorithm (DESIGN.md §3) in real-valued batched GEMMs.
+"""Chunked two-pass O(T) algorithm (docs/design.md §4) in real-valued batched GEMMs.
 
 The sequence is cut into chunks of L positions, and chunks are grouped into segments of
 about ``SEGMENT_TOKENS`` positions. Within a segment every step is a batched matmul over all

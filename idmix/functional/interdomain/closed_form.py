@@ -1,4 +1,4 @@
-"""Oracle: the attention-like O(T²) closed form (paper-notes §10.2), for small T only.
+"""Oracle: the attention-like O(T²) closed form (docs/design.md §1), for small T only.
 
 With g[t, s] = C (β ⊙ λ^{t-s}) (zero for s > t):
   a_t   = Σ_s g[t, s] (q_t · k_s) + C(λ^{t+1} ⊙ X0ᵏ q_t)
