@@ -1,4 +1,4 @@
-"""Reference: the per-step complex recurrence of docs/design.md §1, written as literally as possible."""
+"""Reference: the per-step complex recurrence (docs/design.md §1), written out literally."""
 
 from __future__ import annotations
 
