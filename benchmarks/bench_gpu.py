@@ -28,9 +28,8 @@ from common import print_table  # noqa: E402
 from idmix.functional import (  # noqa: E402
     complex_A,
     discretize,
-    empty_state,
     interdomain_attention,
-    interdomain_decode_step,
+    interdomain_decode_step_real,
     log_uniform_dt,
     readout_gram,
     s4d_inv_init,
@@ -165,14 +164,15 @@ def training_table(device, lengths, tokens, reps):
 def decode_fns(device, ctx, lam, beta, G):
     """Decode-step closures at one context: interdomain (torch, triton backends) and SDPA."""
     q, k, v = (torch.randn(1, H, R, device=device) for _ in range(3))
-    state = empty_state(1, H, M, R, D, device=device)
+    state = torch.zeros(1, H, R + D, 2 * M, device=device)  # the runtime (real) state
     kc = torch.randn(1, H, ctx + 1, R, device=device, dtype=torch.bfloat16)
     vc = torch.randn(1, H, ctx + 1, D, device=device, dtype=torch.bfloat16)
     qb = q.to(torch.bfloat16)[:, :, None]
 
     def step(backend):
-        return lambda: interdomain_decode_step(
-            q, k, v, lam, beta, G, state, inplace=True, backend=backend
+        lam_ri, beta_ri = torch.view_as_real(lam), torch.view_as_real(beta)
+        return lambda: interdomain_decode_step_real(
+            q, k, v, lam_ri, beta_ri, G, state, backend=backend
         )
 
     return {
