@@ -11,6 +11,7 @@ from .decode import empty_state, interdomain_decode_step, interdomain_decode_ste
 from .naive import interdomain_attention_naive
 from .nonfinite import poison_output, poison_state, sanitise
 from .realform import interleaved_to_state, state_to_interleaved
+from .selective import SELECTIVE_CHUNK, selective_chunked
 from .validation import (
     State,
     check_backend,
@@ -63,8 +64,13 @@ def _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, backen
     rdtype, _ = _compute_dtype(q)
     q_, k_, v_ = (x.to(rdtype) for x in (q, k, v))
     Z0 = q_.new_zeros(B, H, R + D, 2 * M) if Z0 is None else Z0.to(rdtype)
-    decays = chunk_decay_inputs(lam_ri.to(rdtype), beta_ri.to(rdtype), T, chunk_size)
     G = G_hat.to(rdtype)
+    if lam_ri.dim() == 5:  # per-token decays: their own path (the shared one is untouched)
+        L = min(chunk_size, SELECTIVE_CHUNK)
+        lam_, beta_ = lam_ri.to(rdtype), beta_ri.to(rdtype)
+        o, Z = selective_chunked(q_, k_, v_, lam_, beta_, G, Z0, L, reset)
+        return o.to(q.dtype), Z
+    decays = chunk_decay_inputs(lam_ri.to(rdtype), beta_ri.to(rdtype), T, chunk_size)
     o, Z, _ = chunked_forward(q_, k_, v_, list(decays), G, Z0, reset, chunk_size, backend)
     return o.to(q.dtype), Z
 
@@ -86,14 +92,16 @@ def interdomain_attention_real(
     entry point the layers use, so that Inductor (which has no complex codegen) compiles them.
 
     q, k: (B, T, H, R); v: (B, T, H, D); lam_ri, beta_ri: (H, M, 2) [re, im]
-    (``discretize_real``); G_hat: (H, 2M, 2M) interleaved (``readout_gram_real``);
+    (``discretize_real``), or per token (B, T, H, M, 2) (selective decays: ``selective.py``;
+    complex ops inside, chunks of at most 16); G_hat: (H, 2M, 2M) interleaved
+    (``readout_gram_real``);
     initial_state: (B, H, R+D, 2M) interleaved real state (rows: the R key then the D value
     channels; columns: re₀, im₀, re₁, …), zeros if None; reset and backend as in
     ``interdomain_attention``.
     Returns (o: (B, T, H, D) in q's dtype, final state: (B, H, R+D, 2M) fp32 (fp64)).
     """
     B, T, H, R, D = check_qkv(q, k, v)
-    M = check_real_params(lam_ri, beta_ri, G_hat, H)
+    M = check_real_params(lam_ri, beta_ri, G_hat, H, lead=(B, T))
     if initial_state is not None and tuple(initial_state.shape) != (B, H, R + D, 2 * M):
         raise ValueError(
             f"initial_state: expected (B, H, R+D, 2M) = {(B, H, R + D, 2 * M)}, "
@@ -129,7 +137,8 @@ def _recurrent(q, k, v, lam, beta, C, readout, initial_state, reset):
     for t in range(T):
         if reset is not None:  # a select, not a product: 0·NaN would carry a NaN across
             state = tuple(torch.where(reset[:, t, None, None, None], 0, X) for X in state)
-        o_t, state = interdomain_decode_step(q[:, t], k[:, t], v[:, t], lam, beta, G_hat, state)
+        lam_t, beta_t = (lam[:, t], beta[:, t]) if lam.dim() == 4 else (lam, beta)
+        o_t, state = interdomain_decode_step(q[:, t], k[:, t], v[:, t], lam_t, beta_t, G_hat, state)
         outs.append(o_t)
     return torch.stack(outs, dim=1).to(q.dtype), state
 
@@ -153,7 +162,8 @@ def interdomain_attention(
     """Interdomain Attention core (docs/design.md §1 steps 6–7) over a whole sequence.
 
     q, k: (B, T, H, R) real (q = ξ(q), k = k̃, the SSM key input); v: (B, T, H, D) real (ṽ);
-    lam, beta: (H, M) complex (discretised S4D); C: (H, M, M) complex readout;
+    lam, beta: (H, M) complex (discretised S4D), or per token (B, T, H, M) (selective decays,
+    every impl); C: (H, M, M) complex readout;
     initial_state: (Xk: (B, H, M, R), Xv: (B, H, M, D)) complex, zeros if None.
     Per position: X_t = λ⊙X_{t-1} + β⊗z_t, U = C Xᵏ, Γ = C Xᵛ, a = U q_t and
     o_t = Re(Γᴴ a) (readout="conj") or Re(Γᵀ a) (readout="product").

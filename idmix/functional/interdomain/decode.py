@@ -56,7 +56,8 @@ def interdomain_decode_step(
     """Advance the state by one position and read it out.
 
     q: (B, H, R), or (B, H, r, R) for r query heads reading each state head (grouped state);
-    k: (B, H, R); v: (B, H, D); lam, beta: (H, M) complex; G_hat: (H, 2M, 2M) real, interleaved
+    k: (B, H, R); v: (B, H, D); lam, beta: (H, M) complex, or (B, H, M) per row (a selective
+    layer's decays at this token); G_hat: (H, 2M, 2M) real, interleaved
     (``readout_gram(C, readout)``, computed once per set of weights, not per step);
     state: (Xk: (B, H, M, R), Xv: (B, H, M, D)) complex, updated in place if ``inplace``.
     Returns (o: (B, H, D), or (B, H, r, D), in q's dtype; new state).
@@ -76,13 +77,13 @@ def interdomain_decode_step(
     D = state[1].shape[-1]
     check_state(state, B, H, M, R, D, "state")
     check_decode_inputs(q, k, v, B, H, R, D)
-    check_decays_and_gram(lam, beta, G_hat, H, M)
+    check_decays_and_gram(lam, beta, G_hat, H, M, B)
     check_devices("q", q, lam=lam, beta=beta, G_hat=G_hat, state=state)
     R = state[0].shape[-1]
     cdtype = torch.complex128 if state[0].dtype == torch.complex128 else torch.complex64
     Z = state_to_interleaved(*(X.to(cdtype) for X in state))  # a copy
     lam_ri, beta_ri = (torch.view_as_real(x.to(cdtype)) for x in (lam, beta))
-    if _use_triton(backend, q) and (q.dim() == 3 or backend == "triton"):
+    if _use_triton(backend, q) and ((q.dim() == 3 and lam.dim() == 2) or backend == "triton"):
         o = interdomain_decode_step_real(q, k, v, lam_ri, beta_ri, G_hat, Z, backend="triton")
     else:  # functional, so that gradients flow through a sequence of steps
         o, Z = _torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z)
@@ -106,9 +107,10 @@ def interdomain_decode_step_real(
 ) -> torch.Tensor:
     """The decode step on the real interleaved state the layers keep, updated in place.
 
-    q: (B, H, R) or (B, H, r, R); k: (B, H, R); v: (B, H, D); lam_ri, beta_ri: (H, M, 2);
-    G_hat: (H, 2M, 2M) interleaved; state: (B, H, R+D, 2M) real, contiguous (the state of
-    ``interdomain_attention_real``). Returns o: (B, H, D) or (B, H, r, D) in q's dtype.
+    q: (B, H, R) or (B, H, r, R); k: (B, H, R); v: (B, H, D); lam_ri, beta_ri: (H, M, 2) or
+    (B, H, M, 2) per row (torch path); G_hat: (H, 2M, 2M) interleaved; state:
+    (B, H, R+D, 2M) real, contiguous (the state of ``interdomain_attention_real``).
+    Returns o: (B, H, D) or (B, H, r, D) in q's dtype.
     No complex tensor anywhere, so the torch path compiles whole with Inductor.
 
     backend: "torch", "triton" (the fused in-place kernel of ``idmix_kernels``; on CPU only
@@ -127,7 +129,7 @@ def interdomain_decode_step_real(
         )
     B, H = state.shape[:2]
     R = k.shape[-1] if isinstance(k, torch.Tensor) else 0
-    M = check_real_params(lam_ri, beta_ri, G_hat, H)
+    M = check_real_params(lam_ri, beta_ri, G_hat, H, lead=(B,))
     if state.shape[3] != 2 * M or not 0 < R < state.shape[2]:
         raise ValueError(
             f"state: expected (B, H, R+D, 2M) with M = {M} and R = {R} (k's), got "
@@ -137,9 +139,12 @@ def interdomain_decode_step_real(
     check_devices("q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, state=state)
     # the fused kernel takes one query per state head: grouped (4-dim) queries use the torch
     # step unless the triton backend is asked for explicitly (then it says why it cannot)
-    if _use_triton(backend, q) and (q.dim() == 3 or backend == "triton"):
+    shared = lam_ri.dim() == 3
+    if _use_triton(backend, q) and ((q.dim() == 3 and shared) or backend == "triton"):
         if q.dim() != 3:
             raise ValueError(f"q: the triton decode step takes (B, H, R), got {tuple(q.shape)}")
+        if not shared:
+            raise ValueError("lam_ri: the triton decode step takes shared (H, M, 2) decays")
         import idmix_kernels
 
         return idmix_kernels.decode_step_triton(q, k, v, lam_ri, beta_ri, G_hat, state).to(q.dtype)
@@ -157,7 +162,7 @@ def _torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z):
         z = torch.cat([k, v], dim=-1).to(rdtype)[..., None]  # (B, H, C, 1)
         zr, zi = Z.view(B, H, C, M, 2).unbind(-1)
         (lr, li), (br, bi) = (x.to(rdtype).unbind(-1) for x in (lam_ri, beta_ri))  # (H, M)
-        lr, li, br, bi = (x[:, None, :] for x in (lr, li, br, bi))
+        lr, li, br, bi = (x.unsqueeze(-2) for x in (lr, li, br, bi))  # (B?, H, 1, M)
         new = torch.stack([lr * zr - li * zi + br * z, lr * zi + li * zr + bi * z], -1)
         new = new.view(B, H, C, M2)  # X ← λ⊙X + β⊗z, in one fused pass under compile
         R = k.shape[-1]

@@ -18,7 +18,8 @@ def interdomain_attention_naive(
     initial_state: State | None = None,
     reset: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, State]:
-    """q, k: (B, T, H, R); v: (B, T, H, D); lam, beta: (H, M); C: (H, M, M) complex.
+    """q, k: (B, T, H, R); v: (B, T, H, D); lam, beta: (H, M), or (B, T, H, M) per token;
+    C: (H, M, M) complex.
 
     Per step: Xᵏ ← λ⊙Xᵏ + β⊗k̃_t, Xᵛ ← λ⊙Xᵛ + β⊗ṽ_t, U = C Xᵏ, Γ = C Xᵛ, a = U q_t,
     o_t = Re(Γᴴ a) ("conj") or Re(Γᵀ a) ("product"). Returns (o: (B, T, H, D), (Xk, Xv)).
@@ -28,6 +29,7 @@ def interdomain_attention_naive(
     B, T, H, R = q.shape
     D, M = v.shape[-1], lam.shape[-1]
     cdtype = C.dtype
+    per_token = lam.dim() == 4
     lam_, beta_ = lam.to(cdtype)[..., None], beta.to(cdtype)[..., None]  # (H, M, 1)
     if initial_state is None:
         Xk = torch.zeros(B, H, M, R, dtype=cdtype, device=q.device)
@@ -39,8 +41,9 @@ def interdomain_attention_naive(
         if reset is not None:  # a select: a NaN in an earlier document never crosses
             new_doc = reset[:, t, None, None, None]
             Xk, Xv = torch.where(new_doc, 0, Xk), torch.where(new_doc, 0, Xv)
-        Xk = lam_ * Xk + beta_ * k[:, t, :, None, :].to(cdtype)
-        Xv = lam_ * Xv + beta_ * v[:, t, :, None, :].to(cdtype)
+        lam_t, beta_t = (lam_[:, t], beta_[:, t]) if per_token else (lam_, beta_)
+        Xk = lam_t * Xk + beta_t * k[:, t, :, None, :].to(cdtype)
+        Xv = lam_t * Xv + beta_t * v[:, t, :, None, :].to(cdtype)
         U, Gam = C @ Xk, C @ Xv  # (B, H, M, R), (B, H, M, D)
         a = U @ q[:, t, :, :, None].to(cdtype)  # (B, H, M, 1)
         Gt = Gam.conj().mT if readout == "conj" else Gam.mT

@@ -53,25 +53,32 @@ def check_devices(anchor_name: str, anchor: torch.Tensor, **tensors) -> None:
                 )
 
 
-def check_params(lam, beta, C, H: int, readout: str) -> int:
-    """Check lam, beta: (H, M) complex and C: (H, M, M) complex. Returns M."""
-    if not isinstance(lam, torch.Tensor) or lam.dim() != 2:
-        raise ValueError(f"lam: expected shape (H, M), got {getattr(lam, 'shape', lam)}")
-    M = lam.shape[1]
+def check_params(lam, beta, C, H: int, readout: str, BT: tuple[int, int] | None = None) -> int:
+    """Check lam, beta: (H, M) complex, or per token (B, T, H, M) when BT = (B, T) is given,
+    and C: (H, M, M) complex. Returns M."""
+    dims = (2, 4) if BT is not None else (2,)
+    if not isinstance(lam, torch.Tensor) or lam.dim() not in dims:
+        expected = "(H, M) or per token (B, T, H, M)" if BT is not None else "(H, M)"
+        raise ValueError(f"lam: expected shape {expected}, got {getattr(lam, 'shape', lam)}")
+    M = lam.shape[-1]
     if M < 1:
         raise ValueError(f"lam: expected at least one mode (M >= 1), got shape {tuple(lam.shape)}")
-    _complex("lam", lam, (H, M), "(H, M)")
-    _complex("beta", beta, (H, M), "(H, M)")
+    shape, text = ((H, M), "(H, M)") if lam.dim() == 2 else ((*BT, H, M), "(B, T, H, M)")
+    _complex("lam", lam, shape, text)
+    _complex("beta", beta, shape, text)
     _complex("C", C, (H, M, M), "(H, M, M)")
     if readout not in READOUTS:
         raise ValueError(f"readout: expected one of {READOUTS}, got {readout!r}")
     return M
 
 
-def check_decays_and_gram(lam, beta, G_hat, H: int, M: int) -> None:
-    """The decode step's lam, beta: (H, M) complex and G_hat: (H, 2M, 2M) real."""
-    _complex("lam", lam, (H, M), "(H, M)")
-    _complex("beta", beta, (H, M), "(H, M)")
+def check_decays_and_gram(lam, beta, G_hat, H: int, M: int, B: int | None = None) -> None:
+    """The decode step's lam, beta: (H, M) complex (or per row (B, H, M) when B is given) and
+    G_hat: (H, 2M, 2M) real."""
+    per_row = B is not None and isinstance(lam, torch.Tensor) and lam.dim() == 3
+    shape, text = ((B, H, M), "(B, H, M)") if per_row else ((H, M), "(H, M)")
+    _complex("lam", lam, shape, text)
+    _complex("beta", beta, shape, text)
     _real_float("G_hat", G_hat)
     if tuple(G_hat.shape) != (H, 2 * M, 2 * M):
         raise ValueError(
@@ -151,13 +158,19 @@ def check_reset(reset, B: int, T: int) -> None:
         )
 
 
-def check_real_params(lam_ri, beta_ri, G_hat, H: int) -> int:
-    """lam_ri, beta_ri: (H, M, 2) real; G_hat: (H, 2M, 2M) real. Returns M."""
+def check_real_params(lam_ri, beta_ri, G_hat, H: int, lead: tuple[int, ...] | None = None) -> int:
+    """lam_ri, beta_ri: (H, M, 2) real, or (*lead, H, M, 2) when lead is given (per token
+    (B, T) or per row (B,)); G_hat: (H, 2M, 2M) real. Returns M."""
     for name, x in (("lam_ri", lam_ri), ("beta_ri", beta_ri), ("G_hat", G_hat)):
         _real_float(name, x)
-    if lam_ri.dim() != 3 or lam_ri.shape[0] != H or lam_ri.shape[2] != 2:
-        raise ValueError(f"lam_ri: expected (H, M, 2) with H = {H}, got {tuple(lam_ri.shape)}")
-    M = lam_ri.shape[1]
+    shared = lam_ri.dim() == 3
+    ok = lam_ri.shape[-3:-2] == (H,) and lam_ri.shape[-1] == 2
+    if not shared:
+        ok = ok and lead is not None and tuple(lam_ri.shape[:-3]) == tuple(lead)
+    if not ok:
+        expected = "(H, M, 2)" + ("" if lead is None else f" or {(*lead, 'H', 'M', 2)}")
+        raise ValueError(f"lam_ri: expected {expected} with H = {H}, got {tuple(lam_ri.shape)}")
+    M = lam_ri.shape[-2]
     if beta_ri.shape != lam_ri.shape:
         raise ValueError(f"beta_ri: expected {tuple(lam_ri.shape)}, got {tuple(beta_ri.shape)}")
     if M < 1:
@@ -190,7 +203,7 @@ def check_decode_inputs(q, k, v, B: int, H: int, R: int, D: int) -> None:
 def check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size) -> Dims:
     """Validate the arguments of ``interdomain_attention``; returns the problem sizes."""
     B, T, H, R, D = check_qkv(q, k, v)
-    M = check_params(lam, beta, C, H, readout)
+    M = check_params(lam, beta, C, H, readout, (B, T))
     check_devices("q", q, lam=lam, beta=beta, C=C, initial_state=initial_state)
     warn_if_unstable("lam", lam.detach().abs())
     if initial_state is not None:
