@@ -81,11 +81,15 @@ def discretize_real(
     """:func:`discretize` in real arithmetic, straight from the parameters (what the layers use:
     Inductor has no complex codegen, and this fuses into one kernel under torch.compile).
 
-    dt: (H,); log_A_real, A_imag: (H, M). Returns (lam_ri, beta_ri): (H, M, 2) [re, im] pairs,
-    equal to ``torch.view_as_real`` of :func:`discretize`'s (lam, beta).
+    dt: (H,), or (..., H) per token (selective layers); log_A_real, A_imag: (H, M). Returns
+    (lam_ri, beta_ri): (..., H, M, 2) [re, im] pairs, equal to ``torch.view_as_real`` of
+    :func:`discretize`'s (lam, beta).
     """
-    if dt.dim() != 1 or dt.shape[0] != log_A_real.shape[0]:
-        raise ValueError(f"dt: expected ({log_A_real.shape[0]},), got {tuple(dt.shape)}")
+    if dt.dim() < 1 or dt.shape[-1] != log_A_real.shape[0]:
+        raise ValueError(
+            f"dt: expected ({log_A_real.shape[0]},) or (..., {log_A_real.shape[0]}), "
+            f"got {tuple(dt.shape)}"
+        )
     ar, ai = -torch.exp(log_A_real), A_imag
     dt_ = dt.to(ar.dtype).unsqueeze(-1)
     if method == "zoh":

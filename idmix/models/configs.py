@@ -152,7 +152,43 @@ def s4d_small(**overrides):
     return cpu_model("s4d", "small", **overrides)
 
 
+def selective_interdomain_125m(**overrides):
+    """Selective Interdomain Attention, 125M (paper Table 3 shapes). Overrides go to ``decoder``."""
+    return paper_model("selective_interdomain", "125m", **overrides)
+
+
+def selective_interdomain_350m(**overrides):
+    """Selective Interdomain Attention, 350M (paper Table 3 shapes). Overrides go to ``decoder``."""
+    return paper_model("selective_interdomain", "350m", **overrides)
+
+
+def selective_interdomain_760m(**overrides):
+    """Selective Interdomain Attention, 760M (paper Table 3 shapes). Overrides go to ``decoder``."""
+    return paper_model("selective_interdomain", "760m", **overrides)
+
+
+def selective_interdomain_1_3b(**overrides):
+    """Selective Interdomain Attention, 1.3B (paper Table 3 shapes). Overrides go to ``decoder``."""
+    return paper_model("selective_interdomain", "1_3b", **overrides)
+
+
+def selective_interdomain_tiny(**overrides):
+    """Selective Interdomain Attention, tiny (CPU size). Overrides go to ``decoder``."""
+    return cpu_model("selective_interdomain", "tiny", **overrides)
+
+
+def selective_interdomain_small(**overrides):
+    """Selective Interdomain Attention, small (CPU size). Overrides go to ``decoder``."""
+    return cpu_model("selective_interdomain", "small", **overrides)
+
+
 MODEL_BUILDERS = [
+    "selective_interdomain_125m",
+    "selective_interdomain_350m",
+    "selective_interdomain_760m",
+    "selective_interdomain_1_3b",
+    "selective_interdomain_tiny",
+    "selective_interdomain_small",
     "interdomain_125m",
     "interdomain_1_3b",
     "interdomain_350m",

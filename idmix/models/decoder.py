@@ -19,6 +19,7 @@ from ..modules import (
     ABLATION_CELLS,
     InterdomainAttention,
     S4DMixer,
+    SelectiveInterdomainAttention,
     SoftmaxAttention,
     SSMMixer,
     ablation_cell,
@@ -48,19 +49,23 @@ def _check_options(kind: str, kwargs: dict) -> None:
 
 
 def mixer_factory(kind: str, embed_dim: int, num_heads: int, **kwargs) -> MixerFactory:
-    """layer_idx -> mixer for kind "interdomain", "softmax", "s4d" or an ablation cell name."""
+    """layer_idx -> mixer for kind "interdomain", "softmax", "s4d", "selective_interdomain" or
+    an ablation cell name."""
     _check_options(kind, kwargs)
     if kind == "interdomain":
         return lambda _: InterdomainAttention(embed_dim, num_heads, **kwargs)
     if kind == "s4d":
         return lambda _: S4DMixer(embed_dim, num_heads, **kwargs)
+    if kind == "selective_interdomain":
+        return lambda _: SelectiveInterdomainAttention(embed_dim, num_heads, **kwargs)
     if kind == "softmax":
         keep = {k: v for k, v in kwargs.items() if k in ("rope_base", "use_rope")}
         return lambda _: SoftmaxAttention(embed_dim, num_heads, **keep)
     if kind in ABLATION_CELLS:
         return lambda _: ablation_cell(kind, embed_dim, num_heads, **kwargs)
     raise ValueError(
-        f"mixer: expected 'interdomain', 'softmax', 's4d' or one of {sorted(ABLATION_CELLS)}, "
+        "mixer: expected 'interdomain', 'softmax', 's4d', 'selective_interdomain' or one of "
+        f"{sorted(ABLATION_CELLS)}, "
         f"got {kind!r}"
     )
 

@@ -9,6 +9,7 @@ from .interdomain import InterdomainAttention
 from .mixer import SigmoidGate, SSMMixer, upgrade_state_dict
 from .readouts import LinearReadout, QueryReadout
 from .s4d_mixer import S4DMixer
+from .selective import SelectiveInterdomainAttention, SelectiveQueryReadout
 from .softmax import SoftmaxAttention
 from .ssm import S4DCore
 
@@ -24,6 +25,8 @@ __all__ = [
     "S4DCore",
     "S4DMixer",
     "SSMMixer",
+    "SelectiveInterdomainAttention",
+    "SelectiveQueryReadout",
     "SigmoidGate",
     "SoftmaxAttention",
     "ablation_cell",

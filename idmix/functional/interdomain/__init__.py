@@ -60,7 +60,7 @@ def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset, b
 
 def _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, backend):
     B, T, H, R = q.shape
-    D, M = v.shape[-1], lam_ri.shape[1]
+    D, M = v.shape[-1], lam_ri.shape[-2]
     rdtype, _ = _compute_dtype(q)
     q_, k_, v_ = (x.to(rdtype) for x in (q, k, v))
     Z0 = q_.new_zeros(B, H, R + D, 2 * M) if Z0 is None else Z0.to(rdtype)

@@ -1,0 +1,77 @@
+"""Selective Interdomain Attention: per-token step sizes Δ_t (the paper's named future work),
+composed from the shared parts with one new part, the readout that computes the decays.
+
+Δ_{t,h} = softplus(w_h · [k̃_t; ṽ_t] + softplus⁻¹(Δ_h)), λ_t = exp(Δ_t A), β_t = (λ_t − 1)/A.
+
+- Per head, not per head and mode: one Δ per head is what the S4D core already has (the
+  modes of a head keep their relative time scales, set by A), and it costs 2·d_h new
+  parameters per head instead of M times that.
+- From the normalised SSM inputs [k̃_t; ṽ_t], which the readout receives, so the mixer code is
+  unchanged; they carry the token (projection, short conv, feature map) like Mamba's x_t.
+- w starts at zero and the bias is the core's own Δ_h (``log_dt``): at init the layer is
+  exactly Interdomain Attention, and training moves away from it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..functional import discretize_real, interdomain_attention_real, interdomain_decode_step_real
+from .compose import ssm_mixer
+from .mixer import SSMMixer
+from .readouts import QueryReadout
+
+
+class SelectiveQueryReadout(QueryReadout):
+    """The query readout with per-token decays (above). ``dt_weight``: (H, 2·d_h), in the SSM
+    optimiser group like Δ itself. One query head per state head (no grouped state)."""
+
+    param_group = "ssm"
+
+    def __init__(self, num_heads: int, head_dim: int, convention: str = "conj", chunk_size=64):
+        super().__init__(num_heads, num_heads, convention, chunk_size)
+        self.dt_weight = nn.Parameter(torch.zeros(num_heads, 2 * head_dim))
+
+    def decays(self, a, b, core):
+        """a, b: (B, T, H, d_h) -> (lam_ri, beta_ri): (B, T, H, M, 2) fp32."""
+        with torch.autocast(a.device.type, enabled=False):
+            base = torch.exp(core.log_dt.float())  # (H,): the core's Δ
+            bias = base + torch.log(-torch.expm1(-base))  # softplus⁻¹(Δ)
+            z = torch.cat([a, b], -1).float()
+            dt = F.softplus((z * self.dt_weight.float()).sum(-1) + bias)  # (B, T, H)
+            return discretize_real(dt, core.log_A_real.float(), core.A_imag.float())
+
+    def forward(self, q, a, b, core, state=None, reset=None):
+        lam_ri, beta_ri = self.decays(a, b, core)
+        return interdomain_attention_real(
+            q,
+            a,
+            b,
+            lam_ri,
+            beta_ri,
+            core.gram(self.convention),
+            state,
+            chunk_size=self.chunk_size,
+            reset=reset,
+        )
+
+    def step(self, q, a, b, core, state):
+        lam_ri, beta_ri = self.decays(a[:, None], b[:, None], core)
+        G_hat = core.gram(self.convention)
+        return interdomain_decode_step_real(q, a, b, lam_ri[:, 0], beta_ri[:, 0], G_hat, state)
+
+
+def SelectiveInterdomainAttention(embed_dim: int, num_heads: int, **options) -> SSMMixer:  # noqa: N802
+    """Builder: Interdomain Attention (``ssm_mixer`` with dual KV input and the query readout)
+    whose readout is a ``SelectiveQueryReadout``. Options as for ``InterdomainAttention``
+    except ``num_state_groups`` (not supported with per-token decays)."""
+    if options.get("num_state_groups") not in (None, num_heads):
+        raise ValueError("num_state_groups: the selective layer keeps one state per head")
+    mixer = ssm_mixer(embed_dim, num_heads, dual_kv=True, query_readout=True, **options)
+    shared = mixer.readout
+    mixer.readout = SelectiveQueryReadout(
+        num_heads, mixer.head_dim, shared.convention, shared.chunk_size
+    )
+    return mixer
