@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from examples.relu_feature_map import relu_interdomain
+from examples.selective_per_mode import selective_per_mode
 from examples.silu_gated_mixer import silu_gated_interdomain
 from tests.helpers import assert_rel
 
@@ -22,6 +23,7 @@ D, H, M = 32, 4, 8
 EXAMPLES = {
     "relu_feature_map": lambda: relu_interdomain(D, H, num_modes=M, chunk_size=8),
     "silu_gated_mixer": lambda: silu_gated_interdomain(D, H, num_modes=M),
+    "selective_per_mode": lambda: selective_per_mode(D, H, num_modes=M, chunk_size=8),
 }
 
 
