@@ -25,6 +25,7 @@ from .s4d import (
     s4d_inv_init,
     s4d_lin_init,
 )
+from .s4d_readout import s4d_linear_readout, s4d_linear_step
 from .short_conv import short_conv, short_conv_naive, short_conv_step, short_conv_with_resets
 
 __all__ = [
@@ -49,6 +50,8 @@ __all__ = [
     "rope",
     "s4d_inv_init",
     "s4d_lin_init",
+    "s4d_linear_readout",
+    "s4d_linear_step",
     "short_conv",
     "short_conv_naive",
     "short_conv_step",

@@ -21,10 +21,11 @@ from ..functional import (
     interdomain_attention_real,
     interdomain_decode_step_real,
     interleaved_to_state,
+    s4d_linear_readout,
+    s4d_linear_step,
     state_to_interleaved,
 )
 from ..functional.interdomain.validation import check_chunk_size
-from ..functional.s4d_readout import s4d_linear_readout, s4d_linear_step
 
 
 class QueryReadout(nn.Module):
