@@ -40,3 +40,29 @@ def test_exports_written_before_the_redesign_load_with_the_same_logits(mixer):
     with torch.no_grad():
         got = model(fp.legacy_tokens()).double().flatten()
     assert got.tolist() == pytest.approx(want, rel=1e-5, abs=1e-5)
+
+
+def test_training_checkpoints_written_before_the_redesign_resume_exactly():
+    """A DCP checkpoint of an S4D-only model written by the pre-redesign code (its w was
+    ``attn.mode_weights``; tests/data/legacy_checkpoint) resumes model and optimiser: the next
+    step gives the logits the old code gave."""
+    from pathlib import Path
+
+    from idmix.models import decoder
+    from idmix.training.checkpoint import latest_checkpoint, load_checkpoint
+    from idmix.training.optim import param_groups
+
+    run = Path(fp.__file__).parent / "data" / "legacy_checkpoint"
+    expected = json.loads((run / "expected.json").read_text())
+    model = decoder(**expected["config"])
+    opt = torch.optim.AdamW(param_groups(model, 1e-2, 0.1, 1e-3))
+    extra = load_checkpoint(latest_checkpoint(run), model, opt)
+    assert extra["step"] == 2
+    tokens = (torch.arange(26) * 7 % 64)[None]
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[0, 1:])
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        got = model(tokens[:, :-1]).double().flatten()[:64]
+    assert got.tolist() == pytest.approx(expected["logits_after_step_3"], rel=1e-5, abs=1e-6)

@@ -88,11 +88,40 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
+def _legacy_names(path: Path, model_keys) -> dict[str, str]:
+    """{current name: name in the checkpoint} for the parameters a checkpoint written before the
+    composition redesign holds under their old names (``idmix.modules.mixer.RENAMED_KEYS``)."""
+    from ..modules.mixer import RENAMED_KEYS
+
+    stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    names = {}
+    for key in model_keys:
+        for old, new in RENAMED_KEYS.items():
+            legacy = key[: -len(new)] + old
+            if key.endswith(new) and f"model.{key}" not in stored and f"model.{legacy}" in stored:
+                names[key] = legacy
+    return names
+
+
+def _renamed(obj, names: dict[str, str]):
+    """obj (nested dicts/lists of state) with every key or string found in names replaced."""
+    if isinstance(obj, dict):
+        return {
+            names.get(k, k) if isinstance(k, str) else k: _renamed(v, names) for k, v in obj.items()
+        }
+    if isinstance(obj, list):
+        return [names.get(x, x) if isinstance(x, str) else _renamed(x, names) for x in obj]
+    return obj
+
+
 def load_checkpoint(path: Path, model, optimizer) -> dict:
-    """Restore model and optimizer in place; returns this rank's extra dict (RNG restored)."""
+    """Restore model and optimizer in place; returns this rank's extra dict (RNG restored).
+    Checkpoints from before the composition redesign load too (renamed parameters)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    names = _legacy_names(path, model_sd)
+    state = _renamed({"model": model_sd, "optim": optim_sd}, names)
     dcp.load(state, checkpoint_id=str(path))
+    state = _renamed(state, {new: old for old, new in names.items()})
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
