@@ -79,9 +79,11 @@ def selective_chunked(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size=SELECTIVE_
     delta = torch.einsum("bhnsm,bhnsc->bhncm", to_end, z)  # (B, H, n, R+D, M)
     X = _complex(Z0)  # (B, H, R+D, M)
     starts = []
-    for j in range(n):
+    # unbind once: indexing chunk j inside the loop would make each step's backward allocate
+    # and fill a gradient of the whole tensor (O(n²) work)
+    for c, d in zip(carry.unsqueeze(3).unbind(2), delta.unbind(2), strict=True):
         starts.append(X)
-        X = carry[:, :, j, None, :] * X + delta[:, :, j]
+        X = c * X + d
     Xs = torch.stack(starts, 2)  # (B, H, n, R+D, M)
 
     # pass 1: p(t) = from_start(t) ⊙ (Xᵏ_start q_t) + Σ_s A[t, s] decay[t, s]
