@@ -28,6 +28,12 @@ def empty_state(B, H, M, R, D, dtype=torch.complex64, device=None) -> State:
     return Z[..., :R], Z[..., R:]
 
 
+def _takes_kernel(backend: str, q: torch.Tensor, shared_decays: bool) -> bool:
+    """Whether a step goes to the fused kernel: asked for explicitly (which then says why it
+    cannot, if it cannot), or "auto" with one query per state head and shared decays."""
+    return _use_triton(backend, q) and (backend == "triton" or (q.dim() == 3 and shared_decays))
+
+
 def _use_triton(backend: str, q: torch.Tensor) -> bool:
     """ "triton": always; "auto": for CUDA tensors when the kernels are installed."""
     check_backend(backend, q)
@@ -83,7 +89,7 @@ def interdomain_decode_step(
     cdtype = torch.complex128 if state[0].dtype == torch.complex128 else torch.complex64
     Z = state_to_interleaved(*(X.to(cdtype) for X in state))  # a copy
     lam_ri, beta_ri = (torch.view_as_real(x.to(cdtype)) for x in (lam, beta))
-    if _use_triton(backend, q) and ((q.dim() == 3 and lam.dim() == 2) or backend == "triton"):
+    if _takes_kernel(backend, q, lam.dim() == 2):
         o = interdomain_decode_step_real(q, k, v, lam_ri, beta_ri, G_hat, Z, backend="triton")
     else:  # functional, so that gradients flow through a sequence of steps
         o, Z = _torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z)
@@ -137,10 +143,8 @@ def interdomain_decode_step_real(
         )
     check_decode_inputs(q, k, v, B, H, R, state.shape[2] - R)
     check_devices("q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, state=state)
-    # the fused kernel takes one query per state head: grouped (4-dim) queries use the torch
-    # step unless the triton backend is asked for explicitly (then it says why it cannot)
     shared = lam_ri.dim() == 3
-    if _use_triton(backend, q) and ((q.dim() == 3 and shared) or backend == "triton"):
+    if _takes_kernel(backend, q, shared):
         if q.dim() != 3:
             raise ValueError(f"q: the triton decode step takes (B, H, R), got {tuple(q.shape)}")
         if not shared:

@@ -72,7 +72,7 @@ def selective_chunked(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size=SELECTIVE_
     end_ok = doc[..., :] == doc[..., -1:]  # (B, 1, n, L): s in the chunk's last document
     to_end_re = torch.where(end_ok[..., None], c_re[..., -1:, :] - c_re, neg_inf)
     to_end = torch.polar(torch.exp(to_end_re), c_im[..., -1:, :] - c_im) * beta
-    carry = torch.where((doc[..., -1] == 0)[..., None], from_start[..., -1, :], 0)  # (B,H,n,M)
+    carry = from_start[..., -1, :]  # (B, H, n, M); already 0 where the chunk holds a reset
 
     # chunk start states: a scan over chunks of X ← carry ⊙ X + ΔX (ΔX from a zero start)
     z = torch.cat([kc, vc], -1).to(to_end.dtype)  # (B, H, n, L, R+D)
