@@ -19,7 +19,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, ListConfig
 from torchtune import config
 from tqdm import tqdm
@@ -112,8 +111,7 @@ def train(model, cfg, lr: float, train_settings, g, pick: random.Random, desc: s
         task, seq_len, size = train_settings[step % len(train_settings)]
         n = pick.randint(*size) if size else 0
         batch = recall.make_batch(task, cfg.batch_size, seq_len, n, g, cfg.vocab_size)
-        logits = model(batch.inputs.to(cfg.device))
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten().to(cfg.device))
+        loss = recall.answer_loss(model, batch, cfg.device)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -110,3 +110,23 @@ def test_bad_sizes_are_named():
         recall.make_batch("copying", 1, 64, 4)
     with pytest.raises(ValueError, match="vocab_size: expected an int ≥ 64"):
         recall.passkey(1, 64, vocab_size=32)
+
+
+@pytest.mark.parametrize("mixer", ["interdomain", "softmax"])
+def test_answer_loss_equals_the_loss_over_full_logits_with_its_gradients(mixer):
+    from idmix.models import decoder
+
+    torch.manual_seed(0)
+    model = decoder(
+        vocab_size=64, num_layers=1, num_heads=2, embed_dim=16, max_seq_len=32, mixer=mixer
+    )
+    batch = recall.make_batch("mqar", 3, 32, 4, torch.Generator().manual_seed(1), 64)
+    full = torch.nn.functional.cross_entropy(
+        model(batch.inputs).flatten(0, 1), batch.targets.flatten()
+    )
+    full_grads = torch.autograd.grad(full, list(model.parameters()))
+    fast = recall.answer_loss(model, batch)
+    fast_grads = torch.autograd.grad(fast, list(model.parameters()))
+    torch.testing.assert_close(fast, full, rtol=1e-6, atol=1e-6)
+    for a, b in zip(fast_grads, full_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
