@@ -12,7 +12,10 @@ from idmix.functional import (
     complex_A,
     interdomain_attention,
     interdomain_attention_real,
+    interdomain_attention_varlen,
+    interdomain_attention_varlen_real,
     interdomain_decode_step,
+    interleaved_to_state,
     readout_gram,
     s4d_inv_init,
     state_to_interleaved,
@@ -117,6 +120,53 @@ def test_real_form_and_decode_step_agree_with_the_complex_api():
         )
         steps.append(o_t)
     assert_rel(torch.stack(steps, 1), o, TOL_FP64, "decode steps")
+
+
+@pytest.mark.parametrize("with_init", [False, True])
+def test_packed_sequences_with_per_token_decays_run_as_if_alone(with_init):
+    """varlen with (1, S, H, M) decays, complex and real forms: outputs, final states and every
+    gradient (λ_t and β_t included) equal each sequence run on its own."""
+    lengths = [1, 9, 17, 4]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    p = selective_problem(B=1, T=sum(lengths), M=4)
+    names = ("q", "k", "v", "lam", "beta", "C")
+    leaves = {n: p[n].clone().requires_grad_() for n in names}
+    g = torch.Generator().manual_seed(5)
+    init = None
+    if with_init:
+        init = tuple(
+            torch.randn(len(lengths), *s.shape[1:], generator=g, dtype=s.dtype).requires_grad_()
+            for s in p["initial_state"]
+        )
+    o, (xk, xv) = interdomain_attention_varlen(
+        *leaves.values(), cu, initial_state=init, return_final_state=True, chunk_size=8
+    )
+    outs, finals = [], []
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        state = None if init is None else (init[0][i : i + 1], init[1][i : i + 1])
+        o_i, s_i = interdomain_attention(
+            *(leaves[n][:, a:b] for n in ("q", "k", "v", "lam", "beta")), leaves["C"],
+            initial_state=state, return_final_state=True, chunk_size=8,
+        )  # fmt: skip
+        outs.append(o_i)
+        finals.append(state_to_interleaved(*s_i))
+    ref_o, ref_state = torch.cat(outs, 1), torch.cat(finals)
+    assert_rel(o, ref_o, TOL_FP64, "varlen output")
+    assert_rel(state_to_interleaved(xk, xv), ref_state, TOL_FP64, "varlen final states")
+    w = torch.randn(o.shape, generator=g, dtype=o.dtype)
+    wrt = [*leaves.values(), *(init or ())]
+    got = torch.autograd.grad((o * w).sum() + (xk.abs() ** 2).sum(), wrt)
+    ref_xk = interleaved_to_state(ref_state, p["q"].shape[-1])[0]
+    ref = torch.autograd.grad((ref_o * w).sum() + (ref_xk.abs() ** 2).sum(), wrt)
+    for i, (a, b) in enumerate(zip(got, ref, strict=True)):
+        assert_rel(a, b, TOL_FP64, f"varlen grad {i}")
+    real_init = None if init is None else state_to_interleaved(*init)
+    o_r, state_r = interdomain_attention_varlen_real(
+        p["q"], p["k"], p["v"], torch.view_as_real(p["lam"]), torch.view_as_real(p["beta"]),
+        readout_gram(p["C"]), cu, initial_state=real_init, return_final_state=True, chunk_size=8,
+    )  # fmt: skip
+    assert_rel(o_r, ref_o, TOL_FP64, "varlen real output")
+    assert_rel(state_r, ref_state, TOL_FP64, "varlen real final states")
 
 
 def test_shapes_are_checked():

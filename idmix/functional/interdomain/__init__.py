@@ -241,14 +241,15 @@ def interdomain_attention_varlen(
     """``interdomain_attention`` over N packed sequences of different lengths.
 
     q, k: (1, S, H, R); v: (1, S, H, D) (the sequences back to back); cu_seqlens: (N+1,) int
-    offsets 0 = c_0 < … < c_N = S (length-1 sequences allowed); initial_state: (Xk (N, H, M, R),
+    offsets 0 = c_0 < … < c_N = S (length-1 sequences allowed); lam, beta: (H, M), or per token
+    (1, S, H, M) packed like q; initial_state: (Xk (N, H, M, R),
     Xv (N, H, M, D)) complex, one state per sequence, zeros if None. Each sequence runs as if
     alone. Returns o: (1, S, H, D), or (o, final states (N, H, M, R), (N, H, M, D)) if
     return_final_state. The other arguments are those of ``interdomain_attention``.
     """
 
-    H = check_qkv(q, k, v)[2]  # ranks and sizes before the batch-of-one rule and any indexing
-    M = check_params(lam, beta, C, H, readout)
+    S, H = check_qkv(q, k, v)[1:3]  # ranks and sizes before the batch-of-one rule and indexing
+    M = check_params(lam, beta, C, H, readout, BT=(1, S))
     check_devices("q", q, lam=lam, beta=beta, C=C, initial_state=initial_state)
     R, D = q.shape[-1], v.shape[-1]
     init = None
@@ -258,14 +259,17 @@ def interdomain_attention_varlen(
         N = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() == 4 else -1
         check_state(initial_state, N, H, M, R, D, "initial_state")
         init = state_to_interleaved(*initial_state)
+    per_token = lam.dim() == 4  # (1, S, H, M): indexed with the tokens
 
-    def attend(q_, k_, v_, reset, init_, _final):
+    def attend(q_, k_, v_, *rest):
+        lam_, beta_ = rest[:2] if per_token else (lam, beta)
+        reset, init_ = rest[-3:-1]
         o, state = interdomain_attention(
             q_,
             k_,
             v_,
-            lam,
-            beta,
+            lam_,
+            beta_,
             C,
             readout=readout,
             initial_state=None if init_ is None else interleaved_to_state(init_, R),
@@ -277,7 +281,8 @@ def interdomain_attention_varlen(
         )
         return o, state_to_interleaved(*state)
 
-    o, state = varlen(attend, q, k, v, cu_seqlens, M, init, return_final_state)
+    tokens = (q, k, v, lam, beta) if per_token else (q, k, v)
+    o, state = varlen(attend, tokens, cu_seqlens, M, init, return_final_state)
     return (o, interleaved_to_state(state, R)) if return_final_state else o
 
 
@@ -296,21 +301,24 @@ def interdomain_attention_varlen_real(
     backend: str = "auto",
 ):
     """``interdomain_attention_real`` over N packed sequences (the runtime form of
-    ``interdomain_attention_varlen``): q, k: (1, S, H, R); v: (1, S, H, D); lam_ri, beta_ri,
-    G_hat as for ``interdomain_attention_real``; cu_seqlens: (N+1,) offsets; initial_state:
+    ``interdomain_attention_varlen``): q, k: (1, S, H, R); v: (1, S, H, D); lam_ri, beta_ri:
+    (H, M, 2), or per token (1, S, H, M, 2) packed like q; G_hat (H, 2M, 2M); cu_seqlens: (N+1,) offsets; initial_state:
     (N, H, R+D, 2M) real or None (zeros). Returns o: (1, S, H, D), or (o, final states
     (N, H, R+D, 2M)) if return_final_state."""
-    H = check_qkv(q, k, v)[2]
-    M = check_real_params(lam_ri, beta_ri, G_hat, H)
+    S, H = check_qkv(q, k, v)[1:3]
+    M = check_real_params(lam_ri, beta_ri, G_hat, H, lead=(1, S))
     check_devices("q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, initial_state=initial_state)
+    per_token = lam_ri.dim() == 5  # (1, S, H, M, 2): indexed with the tokens
 
-    def attend(q_, k_, v_, reset, init_, _final):
+    def attend(q_, k_, v_, *rest):
+        lam_, beta_ = rest[:2] if per_token else (lam_ri, beta_ri)
+        reset, init_ = rest[-3:-1]
         return interdomain_attention_real(
             q_,
             k_,
             v_,
-            lam_ri,
-            beta_ri,
+            lam_,
+            beta_,
             G_hat,
             init_,
             chunk_size=chunk_size,
@@ -318,7 +326,8 @@ def interdomain_attention_varlen_real(
             backend=backend,
         )
 
-    o, state = varlen(attend, q, k, v, cu_seqlens, M, initial_state, return_final_state)
+    tokens = (q, k, v, lam_ri, beta_ri) if per_token else (q, k, v)
+    o, state = varlen(attend, tokens, cu_seqlens, M, initial_state, return_final_state)
     return (o, state) if return_final_state else o
 
 

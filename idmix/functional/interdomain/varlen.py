@@ -24,15 +24,17 @@ def check_cu_seqlens(cu_seqlens, total: int) -> list[int]:
     return cu
 
 
-def varlen(attend, q, k, v, cu_seqlens, M: int, initial_state, final: bool):
-    """Runs attend(q, k, v, reset, initial_state, final) -> (o, state) over packed sequences.
+def varlen(attend, tokens, cu_seqlens, M: int, initial_state, final: bool):
+    """Runs attend(*tokens, reset, initial_state, final) -> (o, state) over packed sequences.
 
-    q, k: (1, S, H, R); v: (1, S, H, D); initial_state: (N, H, R+D, 2M) real or None; attend
-    takes and returns states in that form. Without initial or final states: one call on the
-    packed row with a reset at every sequence start. Otherwise the sequences are grouped by
-    length and each group runs as one batch (exact; one call per distinct length).
+    tokens: the per-position inputs, each (1, S, ...): q, k: (1, S, H, R), v: (1, S, H, D),
+    then per-token decays if any; initial_state: (N, H, R+D, 2M) real or None; attend takes
+    and returns states in that form. Without initial or final states: one call on the packed
+    row with a reset at every sequence start. Otherwise the sequences are grouped by length
+    and each group runs as one batch (exact; one call per distinct length).
     Returns (o (1, S, H, D), final states or None).
     """
+    q, v = tokens[0], tokens[2]
     if q.shape[0] != 1:
         raise ValueError(f"q: expected a packed batch of 1 row with cu_seqlens, got B={q.shape[0]}")
     S, H, R, D = q.shape[1], q.shape[2], q.shape[3], v.shape[3]
@@ -46,7 +48,7 @@ def varlen(attend, q, k, v, cu_seqlens, M: int, initial_state, final: bool):
     if initial_state is None and not final:
         reset = torch.zeros(1, S, dtype=torch.bool, device=q.device)
         reset[0, cu[:-1]] = True
-        return attend(q, k, v, reset, None, False)[0], None
+        return attend(*tokens, reset, None, False)[0], None
     lengths = [b - a for a, b in zip(cu, cu[1:], strict=False)]
     positions, outs, members, finals = [], [], [], []
     for length in sorted(set(lengths)):
@@ -54,7 +56,7 @@ def varlen(attend, q, k, v, cu_seqlens, M: int, initial_state, final: bool):
         starts = torch.tensor([cu[i] for i in rows], device=q.device)
         index = starts[:, None] + torch.arange(length, device=q.device)  # (n, length)
         init = None if initial_state is None else initial_state[rows]
-        o, state = attend(q[0, index], k[0, index], v[0, index], None, init, True)
+        o, state = attend(*(x[0, index] for x in tokens), None, init, True)
         positions.append(index.flatten())
         outs.append(o.flatten(0, 1))
         members += rows
