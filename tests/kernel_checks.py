@@ -9,7 +9,7 @@ import sys
 import torch
 
 from idmix.functional import empty_state, interdomain_decode_step, readout_gram
-from tests.helpers import PoisonEmpty, assert_rel, make_problem
+from tests.helpers import PoisonEmpty, assert_rel, make_problem, selective_problem
 
 
 def check_decode(device: str) -> None:
@@ -286,6 +286,48 @@ def check_real_decode(device: str) -> None:
     assert o4.shape == (2, 2, 1, 7)
 
 
+SELECTIVE_CASES = [  # B, T, H, R, D, M, L, Δ range, {row: sequence starts}
+    (2, 37, 2, 4, 3, 5, 16, (1e-3, 1.0), {0: [18]}),
+    (1, 1, 1, 2, 2, 2, 16, (1e-3, 1.0), {}),
+    (1, 45, 2, 8, 8, 16, 8, (1e-3, 10.0), {0: [0, 7, 8, 44]}),
+]
+
+
+def check_selective(device: str) -> None:
+    """Per-token decays: the forward's intra-chunk passes in Triton (selective_pass1/2) equal the
+    PyTorch path (outputs, final states and every gradient, λ_t and β_t included; the backward
+    is PyTorch on both) and the per-step reference; ragged T, T = 1, odd dims, sequence starts
+    (a length-1 sequence too), Δ_t up to 10."""
+    from idmix.functional import interdomain_attention
+
+    names = ("q", "k", "v", "lam", "beta", "C")
+    for B, T, H, R, D, M, L, dt, starts in SELECTIVE_CASES:
+        p = selective_problem(B=B, T=T, H=H, R=R, D=D, M=M, dt_range=dt)
+        reset = torch.zeros(B, T, dtype=torch.bool, device=device)
+        for row, pos in starts.items():
+            reset[row, pos] = True
+        case = f"selective {(B, T, H, R, D, M, L, dt)}"
+        runs = {}
+        for backend in ("triton", "torch"):
+            cd = {n: (torch.complex64 if p[n].is_complex() else torch.float32) for n in names}
+            leaves = [p[n].to(device, cd[n]).requires_grad_() for n in names]
+            init = tuple(s.to(device, torch.complex64).requires_grad_() for s in p["initial_state"])
+            o, (xk, xv) = interdomain_attention(
+                *leaves, initial_state=init, reset=reset, return_final_state=True,
+                chunk_size=L, backend=backend,
+            )  # fmt: skip
+            g = torch.Generator().manual_seed(0)
+            loss = (o * torch.randn(o.shape, generator=g).to(device)).sum() + (xk.abs() ** 2).sum()
+            runs[backend] = [o, xk, xv, *torch.autograd.grad(loss, [*leaves, *init])]
+        for i, (a, b) in enumerate(zip(runs["triton"], runs["torch"], strict=True)):
+            assert_rel(a, b, 1e-5, f"triton vs torch {case} tensor {i}")
+        naive = interdomain_attention(
+            *(p[n].to(device) for n in names), initial_state=p["initial_state"], reset=reset,
+            impl="naive",
+        )  # fmt: skip
+        assert_rel(runs["triton"][0], naive, 1e-4, f"triton vs naive {case}")
+
+
 if __name__ == "__main__":
     dev = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     if "--large" in sys.argv:
@@ -300,6 +342,7 @@ if __name__ == "__main__":
         check_decode(dev)
         check_real_decode(dev)
         check_chunked(dev)
+        check_selective(dev)
     assert mode.poisoned > 0
     check_nonfinite(dev)
     check_varlen(dev)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from idmix.functional import (
-    complex_A,
     interdomain_attention,
     interdomain_attention_real,
     interdomain_attention_varlen,
@@ -17,24 +16,11 @@ from idmix.functional import (
     interdomain_decode_step,
     interleaved_to_state,
     readout_gram,
-    s4d_inv_init,
     state_to_interleaved,
 )
-from tests.helpers import TOL_FP64, assert_rel, make_problem
+from tests.helpers import TOL_FP64, assert_rel, selective_problem
 
 INPUTS = ("q", "k", "v", "lam", "beta", "C", "Xk0", "Xv0")
-
-
-def selective_problem(B=2, T=37, H=2, R=4, D=3, M=5, dt_range=(1e-3, 1.0), seed=0):
-    """make_problem's inputs with per-token decays from a random Δ_t per (row, position, head)."""
-    p = make_problem(B=B, T=T, H=H, R=R, D=D, M=M, seed=seed)
-    g = torch.Generator().manual_seed(seed + 7)
-    lo, hi = (torch.tensor(x, dtype=torch.float64).log() for x in dt_range)
-    dt = torch.exp(lo + (hi - lo) * torch.rand(B, T, H, 1, generator=g, dtype=torch.float64))
-    A = complex_A(*(x.double() for x in s4d_inv_init(H, M)))
-    p["lam"] = torch.exp(dt * A)
-    p["beta"] = (p["lam"] - 1) / A
-    return p
 
 
 def run(p, impl, reset=None, chunk_size=8, dtype=torch.float64):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..readout import readout_gram
-from .chunked import chunk_decay_inputs, chunked_forward
+from .chunked import chunk_decay_inputs, chunked_forward, kernels_for
 from .closed_form import interdomain_attention_closed_form
 from .decode import empty_state, interdomain_decode_step, interdomain_decode_step_real
 from .naive import interdomain_attention_naive
@@ -68,7 +68,8 @@ def _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, backen
     if lam_ri.dim() == 5:  # per-token decays: their own path (the shared one is untouched)
         L = min(chunk_size, SELECTIVE_CHUNK)
         lam_, beta_ = lam_ri.to(rdtype), beta_ri.to(rdtype)
-        o, Z = selective_chunked(q_, k_, v_, lam_, beta_, G, Z0, L, reset)
+        kernels = kernels_for(q_, backend)
+        o, Z = selective_chunked(q_, k_, v_, lam_, beta_, G, Z0, L, reset, kernels)
         return o.to(q.dtype), Z
     decays = chunk_decay_inputs(lam_ri.to(rdtype), beta_ri.to(rdtype), T, chunk_size)
     o, Z, _ = chunked_forward(q_, k_, v_, list(decays), G, Z0, reset, chunk_size, backend)
@@ -302,9 +303,9 @@ def interdomain_attention_varlen_real(
 ):
     """``interdomain_attention_real`` over N packed sequences (the runtime form of
     ``interdomain_attention_varlen``): q, k: (1, S, H, R); v: (1, S, H, D); lam_ri, beta_ri:
-    (H, M, 2), or per token (1, S, H, M, 2) packed like q; G_hat (H, 2M, 2M); cu_seqlens: (N+1,) offsets; initial_state:
-    (N, H, R+D, 2M) real or None (zeros). Returns o: (1, S, H, D), or (o, final states
-    (N, H, R+D, 2M)) if return_final_state."""
+    (H, M, 2), or per token (1, S, H, M, 2) packed like q; G_hat (H, 2M, 2M); cu_seqlens:
+    (N+1,) offsets; initial_state: (N, H, R+D, 2M) real or None (zeros).
+    Returns o: (1, S, H, D), or (o, final states (N, H, R+D, 2M)) if return_final_state."""
     S, H = check_qkv(q, k, v)[1:3]
     M = check_real_params(lam_ri, beta_ri, G_hat, H, lead=(1, S))
     check_devices("q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, initial_state=initial_state)

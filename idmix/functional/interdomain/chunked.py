@@ -27,7 +27,7 @@ SEGMENT_TOKENS = 512
 BACKENDS = ("auto", "torch", "triton")
 
 
-def _kernels(x: torch.Tensor, backend: str):
+def kernels_for(x: torch.Tensor, backend: str):
     """The idmix_kernels module when the Triton kernels should run for x, else None.
     "auto": fp32 CUDA tensors with triton installed; "torch": never; "triton": always (CPU
     only under TRITON_INTERPRET=1). The kernels compute in fp32: fp64 stays on torch."""
@@ -363,7 +363,7 @@ def _masks(reset, t0, n, L, dtype):
 
 def _forward_impl(q, k, v, main, tail, G_hat, Z0, L, reset=None, backend="auto"):
     B, T, H, _ = q.shape
-    kernels = _kernels(q, backend)
+    kernels = kernels_for(q, backend)
     decays = _decays_by_len(L, T, main, tail)
     o = q.new_empty(B, T, H, v.shape[-1])
     Z, starts = Z0.contiguous(), []
@@ -384,7 +384,7 @@ def _forward_impl(q, k, v, main, tail, G_hat, Z0, L, reset=None, backend="auto")
 
 def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L, reset=None, backend="auto"):
     T, R = q.shape[1], q.shape[-1]
-    kernels = _kernels(q, backend)
+    kernels = kernels_for(q, backend)
     decays = _decays_by_len(L, T, main, tail)
     d_decays = {Lp: [torch.zeros_like(t) for t in d] for Lp, d in decays.items()}
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

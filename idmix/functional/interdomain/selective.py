@@ -62,9 +62,10 @@ def _unchunk(x: torch.Tensor, T: int) -> torch.Tensor:
 class _Chunked(NamedTuple):
     """One call's inputs cut into chunks (B, H, n, L, ...) and the decays they imply.
 
-    q, k, v: the tokens; beta (.., L, M) complex; scores A[t, s] = q_t·k_s (.., L, L), not
-    masked: D is exactly 0 on every pair that does not count; D[t, s] = Π_{s<r≤t} λ_r for s ≤ t
-    in the same document (.., L, L, M), else 0; F[t] = exp(c_t) where no document starts in
+    q, k, v: the tokens; beta, lam (.., L, M) complex; starts (B, 1, n, L) bool (document
+    starts) or None; c (.., L, M): the cumulative sum of log λ (wrapped phases) over the chunk;
+    scores A[t, s] = q_t·k_s (.., L, L), not masked: the pair decays (``_pair_decays``) are
+    exactly 0 on every pair that does not count; F[t] = exp(c_t) where no document starts in
     [0, t] (.., L, M), else 0; De[s] = exp(c_{L−1} − c_s) where s is in the chunk's last document
     (.., L, M), else 0; inv_conj = λ / |λ|² = 1 / conj(λ) (.., L, M), the derivative of log λ.
     """
@@ -73,8 +74,10 @@ class _Chunked(NamedTuple):
     k: torch.Tensor
     v: torch.Tensor
     beta: torch.Tensor
+    lam: torch.Tensor
+    starts: torch.Tensor | None
+    c: torch.Tensor
     scores: torch.Tensor
-    D: torch.Tensor
     F: torch.Tensor
     De: torch.Tensor
     inv_conj: torch.Tensor
@@ -121,8 +124,7 @@ def _prepare(q, k, v, lam_ri, beta_ri, reset, L: int) -> _Chunked:
     neg_inf = torch.full((), float("-inf"), dtype=c.real.dtype, device=q.device)
     De = torch.polar(torch.exp(torch.where(end_ok, end.real, neg_inf)), end.imag)
     beta = _chunks(torch.view_as_complex(beta_ri.contiguous()), n, L)
-    D = _pair_decays(lam, starts)
-    return _Chunked(qc, kc, vc, beta, qc @ kc.mT, D, F, De, inv_conj)
+    return _Chunked(qc, kc, vc, beta, lam, starts, c, qc @ kc.mT, F, De, inv_conj)
 
 
 def _starts(ch: _Chunked, X0: torch.Tensor):
@@ -172,16 +174,20 @@ class _SelectiveChunked(torch.autograd.Function):
     Σ_s S[t, s] v_s. Each pass over the (L, L, M) tensors is one batched matmul."""
 
     @staticmethod
-    def forward(ctx, q, k, v, lam_ri, beta_ri, G_hat, Z0, L, reset):
+    def forward(ctx, q, k, v, lam_ri, beta_ri, G_hat, Z0, L, reset, kernels):
         R = q.shape[-1]
         ch = _prepare(q, k, v, lam_ri, beta_ri, reset, L)
         Xs, X = _starts(ch, _complex(Z0))
-        P_ri = _real(ch.D * ch.beta[..., None, :, :])
-        p = ch.F * _y(ch, Xs[..., :R, :]) + _pair_sums(ch.scores[..., None, :], P_ri)[..., 0, :]
-        w = _gram(p, G_hat.mT)
-        S = _pair_dots(P_ri, [w])[..., 0]
-        u = ch.F.conj() * w
-        o = torch.einsum("bhnlm,bhndm->bhnld", u, Xs[..., R:, :].conj()).real + S @ ch.v
+        if kernels is not None:
+            o = _intra_kernels(kernels, ch, Xs, G_hat, R)
+        else:
+            P_ri = _real(_pair_decays(ch.lam, ch.starts) * ch.beta[..., None, :, :])
+            y = _y(ch, Xs[..., :R, :])
+            p = ch.F * y + _pair_sums(ch.scores[..., None, :], P_ri)[..., 0, :]
+            w = _gram(p, G_hat.mT)
+            S = _pair_dots(P_ri, [w])[..., 0]
+            u = ch.F.conj() * w
+            o = torch.einsum("bhnlm,bhndm->bhnld", u, Xs[..., R:, :].conj()).real + S @ ch.v
         ctx.save_for_backward(q, k, v, lam_ri, beta_ri, G_hat, _real(Xs), reset)
         ctx.L = L
         return _unchunk(o, q.shape[1]), _real(X)
@@ -195,7 +201,8 @@ class _SelectiveChunked(torch.autograd.Function):
         ch = _prepare(q, k, v, lam_ri, beta_ri, reset, L)
         Xs = _complex(Xs_ri)
         Xk, Xv = Xs[..., :R, :], Xs[..., R:, :]
-        P_ri = _real(ch.D * ch.beta[..., None, :, :])
+        D = _pair_decays(ch.lam, ch.starts)
+        P_ri = _real(D * ch.beta[..., None, :, :])
         go = _chunks(g_o, n, L)  # (B, H, n, L, D)
         g_S = go @ ch.v.mT  # (B, H, n, L, L)
         # one pass over P for both Σ_s A P (the forward's p) and Σ_s g_S P (w's gradient)
@@ -226,7 +233,7 @@ class _SelectiveChunked(torch.autograd.Function):
         # conj(β_s) Σ_t K[t, s]
         K = g_S.to(cdt)[..., None] * w[..., :, None, :]
         K += ch.scores.to(cdt)[..., None] * g_p[..., :, None, :]
-        g_beta = (K * ch.D.conj()).sum(3)  # (B, H, n, L, M)
+        g_beta = (K * D.conj()).sum(3)  # (B, H, n, L, M)
         g_c = w * gsP.conj() + g_p * p_pair.conj() - g_beta * ch.beta.conj()
         # the scan over chunks, backwards: X_{j+1} = carry_j X_j + ΔX_j
         g_starts = torch.cat([g_Xk, g_Xv], 3)  # (B, H, n, R+D, M)
@@ -254,12 +261,25 @@ class _SelectiveChunked(torch.autograd.Function):
         return (
             _unchunk(g_q, T), _unchunk(g_k + g_z[..., :R], T), _unchunk(g_v + g_z[..., R:], T),
             torch.view_as_real(_unchunk(g_log * ch.inv_conj, T)),
-            torch.view_as_real(_unchunk(g_beta, T)), g_G, _real(G), None, None,
+            torch.view_as_real(_unchunk(g_beta, T)), g_G, _real(G), None, None, None,
         )  # fmt: skip
 
 
-def selective_chunked(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size=SELECTIVE_CHUNK, reset=None):
+def _intra_kernels(kernels, ch: _Chunked, Xs, G_hat, R: int) -> torch.Tensor:
+    """The two intra-chunk passes in Triton (``idmix_kernels.selective_pass1/2``): o (.., L, D)."""
+    starts = None if ch.starts is None else ch.starts[:, 0]
+    c, beta, Xs_ri = _real(ch.c), _real(ch.beta), _real(Xs)
+    p = kernels.selective_pass1(ch.q, ch.k, c, beta, Xs_ri, starts)
+    w = _real(_gram(_complex(p), G_hat.mT))
+    return kernels.selective_pass2(w, c, beta, ch.v, Xs_ri, R, starts)
+
+
+def selective_chunked(
+    q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size=SELECTIVE_CHUNK, reset=None, kernels=None
+):
     """q, k: (B, T, H, R); v: (B, T, H, D); lam_ri, beta_ri: (B, T, H, M, 2); G_hat: (H, 2M, 2M)
-    interleaved; Z0: (B, H, R+D, 2M) interleaved real; reset: (B, T) bool or None. One real
-    dtype throughout. Returns (o (B, T, H, D), final state (B, H, R+D, 2M))."""
-    return _SelectiveChunked.apply(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset)
+    interleaved; Z0: (B, H, R+D, 2M) interleaved real; reset: (B, T) bool or None; kernels:
+    idmix_kernels for the forward's intra-chunk passes in Triton, or None (the backward is
+    PyTorch either way). One real dtype throughout.
+    Returns (o (B, T, H, D), final state (B, H, R+D, 2M))."""
+    return _SelectiveChunked.apply(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, kernels)
