@@ -148,3 +148,37 @@ def test_sampling_controls(tiny):
         callback=lambda step, tok: streamed.append(int(tok[0])),
     )
     assert out[0] == greedy[:3] == streamed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("decays", ["shared", "per_row"])
+@pytest.mark.parametrize("query_heads", [None, 3])
+def test_eager_in_place_step_equals_the_functional_step(dtype, decays, query_heads):
+    """The real-state decode step under no_grad (complex ops in place on a view of the state)
+    equals the functional real step that gradients and torch.compile take: outputs and state,
+    for shared and per-row decays and grouped (4-dim) queries."""
+    from idmix.functional import (
+        discretize_real,
+        interdomain_decode_step_real,
+        log_uniform_dt,
+        readout_gram_real,
+        s4d_inv_init,
+    )
+    from idmix.functional.interdomain.decode import _torch_step
+
+    B, H, R, D, M = 2, 3, 4, 5, 6
+    g = torch.Generator().manual_seed(0)
+    dt = torch.exp(log_uniform_dt(H, generator=g))
+    if decays == "per_row":
+        dt = dt * torch.exp(0.3 * torch.randn(B, H, generator=g))
+    lam, beta = (x.to(dtype) for x in discretize_real(dt, *s4d_inv_init(H, M)))
+    G = readout_gram_real(*(torch.randn(2, H, M, M, generator=g) / M).unbind(0)).to(dtype)
+    q = torch.randn(B, H, *((query_heads,) if query_heads else ()), R, generator=g, dtype=dtype)
+    k, v = (torch.randn(B, H, F, generator=g, dtype=dtype) for F in (R, D))
+    state = torch.randn(B, H, R + D, 2 * M, generator=g, dtype=dtype)
+    o_ref, new_ref = _torch_step(q, k, v, lam, beta, G, state.clone())
+    with torch.no_grad():
+        o = interdomain_decode_step_real(q, k, v, lam, beta, G, state)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(o, o_ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(state, new_ref, rtol=tol, atol=tol)
