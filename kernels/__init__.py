@@ -9,7 +9,12 @@ from .chunk_intra import intra_chunk_pass1, intra_chunk_pass2
 from .chunk_intra_bwd import intra_chunk_pass1_backward, intra_chunk_pass2_backward
 from .chunk_scan import chunk_scan
 from .decode_step import decode_step_triton
-from .selective_intra import selective_pass1, selective_pass2
+from .selective_intra import (
+    selective_pair_grads,
+    selective_pair_sums,
+    selective_pass1,
+    selective_pass2,
+)
 
 __all__ = [
     "chunk_scan",
@@ -18,6 +23,8 @@ __all__ = [
     "intra_chunk_pass1_backward",
     "intra_chunk_pass2",
     "intra_chunk_pass2_backward",
+    "selective_pair_grads",
+    "selective_pair_sums",
     "selective_pass1",
     "selective_pass2",
 ]

@@ -294,9 +294,9 @@ SELECTIVE_CASES = [  # B, T, H, R, D, M, L, Δ range, {row: sequence starts}
 
 
 def check_selective(device: str) -> None:
-    """Per-token decays: the forward's intra-chunk passes in Triton (selective_pass1/2) equal the
-    PyTorch path (outputs, final states and every gradient, λ_t and β_t included; the backward
-    is PyTorch on both) and the per-step reference; ragged T, T = 1, odd dims, sequence starts
+    """Per-token decays: the intra-chunk passes in Triton (forward: selective_pass1/2; backward:
+    selective_pair_sums/grads) equal the PyTorch path (outputs, final states and every gradient,
+    λ_t and β_t included) and the per-step reference; ragged T, T = 1, odd dims, sequence starts
     (a length-1 sequence too), Δ_t up to 10."""
     from idmix.functional import interdomain_attention
 

@@ -21,7 +21,9 @@ The intra-chunk work is O(L²M) elementwise per chunk (a decay per pair and mode
 are short (``SELECTIVE_CHUNK``); chunk start states come from a scan over chunks. The backward
 is written out by hand (``_SelectiveChunked``): the forward keeps only its inputs and the chunk
 start states; the backward recomputes the pairwise decays once and takes every contraction
-over them as one batched matmul (two passes), plus one product for β's gradient.
+over them as one batched matmul (two passes), plus one product for β's gradient. With
+``kernels`` (Triton: CUDA, or the interpreter) the work over pairs, forward and backward, runs
+in ``idmix_kernels.selective_*`` instead, the pair decays held in registers.
 """
 
 from __future__ import annotations
@@ -166,6 +168,55 @@ def _gram(x: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
     return _complex(out).view(x.shape)
 
 
+class _TorchPairs:
+    """The backward's work over the (t, s) pairs of every chunk in PyTorch: the pair decays
+    formed once (running products), each contraction one batched matmul over them."""
+
+    def __init__(self, ch: _Chunked, go: torch.Tensor):
+        self.ch, self.go = ch, go
+        self.D = _pair_decays(ch.lam, ch.starts)
+        self.P_ri = _real(self.D * ch.beta[..., None, :, :])
+        self.g_S = go @ ch.v.mT  # (B, H, n, L, L)
+
+    def sums(self):
+        """(Σ_s A[t, s] P[t, s], Σ_s g_S[t, s] P[t, s]): one pass over P."""
+        return _pair_sums(torch.stack([self.ch.scores, self.g_S], -2), self.P_ri).unbind(-2)
+
+    def grads(self, w, g_p):
+        """(g_q, g_k, g_v, g_β) through the pairs: S = Re conj(P)·w and ∂ℓ/∂A = Re conj(P)·g_p
+        in one pass over P; g_β_s = Σ_t conj(D[t, s]) (g_S[t, s] w_t + A[t, s] g_p(t))."""
+        ch, cdt = self.ch, w.dtype
+        S, g_A = _pair_dots(self.P_ri, [w, g_p]).unbind(-1)
+        K = self.g_S.to(cdt)[..., None] * w[..., :, None, :]
+        K += ch.scores.to(cdt)[..., None] * g_p[..., :, None, :]
+        g_beta = (K * self.D.conj()).sum(3)  # (B, H, n, L, M)
+        return g_A @ ch.k, g_A.mT @ ch.q, S.mT @ self.go, g_beta
+
+
+class _KernelPairs:
+    """The same work in Triton (``idmix_kernels.selective_pair_sums/grads``): the pair decays
+    live in registers, one source position per loop step, and are never stored."""
+
+    def __init__(self, kernels, ch: _Chunked, go: torch.Tensor):
+        self.kernels, self.ch, self.go = kernels, ch, go
+        self.starts = None if ch.starts is None else ch.starts[:, 0]
+        self.c, self.beta = _real(ch.c), _real(ch.beta)
+
+    def sums(self):
+        ch = self.ch
+        sums = self.kernels.selective_pair_sums(
+            ch.q, ch.k, ch.v, self.go, self.c, self.beta, self.starts
+        )
+        return tuple(_complex(x) for x in sums)
+
+    def grads(self, w, g_p):
+        ch = self.ch
+        g_q, g_k, g_v, g_beta = self.kernels.selective_pair_grads(
+            ch.q, ch.k, ch.v, self.go, self.c, self.beta, _real(w), _real(g_p), self.starts
+        )
+        return g_q, g_k, g_v, _complex(g_beta)
+
+
 class _SelectiveChunked(torch.autograd.Function):
     """(q, k, v, lam_ri, beta_ri, G_hat, Z0) -> (o, Z_end); see :func:`selective_chunked`.
 
@@ -189,7 +240,7 @@ class _SelectiveChunked(torch.autograd.Function):
             u = ch.F.conj() * w
             o = torch.einsum("bhnlm,bhndm->bhnld", u, Xs[..., R:, :].conj()).real + S @ ch.v
         ctx.save_for_backward(q, k, v, lam_ri, beta_ri, G_hat, _real(Xs), reset)
-        ctx.L = L
+        ctx.L, ctx.kernels = L, kernels
         return _unchunk(o, q.shape[1]), _real(X)
 
     @staticmethod
@@ -201,12 +252,10 @@ class _SelectiveChunked(torch.autograd.Function):
         ch = _prepare(q, k, v, lam_ri, beta_ri, reset, L)
         Xs = _complex(Xs_ri)
         Xk, Xv = Xs[..., :R, :], Xs[..., R:, :]
-        D = _pair_decays(ch.lam, ch.starts)
-        P_ri = _real(D * ch.beta[..., None, :, :])
         go = _chunks(g_o, n, L)  # (B, H, n, L, D)
-        g_S = go @ ch.v.mT  # (B, H, n, L, L)
-        # one pass over P for both Σ_s A P (the forward's p) and Σ_s g_S P (w's gradient)
-        p_pair, gsP = _pair_sums(torch.stack([ch.scores, g_S], -2), P_ri).unbind(-2)
+        pairs = _TorchPairs(ch, go) if ctx.kernels is None else _KernelPairs(ctx.kernels, ch, go)
+        # Σ_s A P (the forward's p) and Σ_s g_S P (w's gradient), with g_S = go vᵀ
+        p_pair, gsP = pairs.sums()
         y = _y(ch, Xk)
         p = ch.F * y + p_pair
         w = _gram(p, G_hat.mT)
@@ -219,21 +268,15 @@ class _SelectiveChunked(torch.autograd.Function):
         # w = Ĝ p̂ (real, interleaved)
         g_G = torch.einsum("bhnli,bhnlj->hij", _real(g_w), _real(p))
         g_p = _gram(g_w, G_hat)
-        # one pass over P for S (v's gradient) and ∂ℓ/∂A = Re Σ_m g_p conj(P)
-        S, g_A = _pair_dots(P_ri, [w, g_p]).unbind(-1)
-        g_v = S.mT @ go
-        # pass 1: p = F ⊙ y + Σ_s A[t, s] P[t, s], y = Xᵏ q, A = q kᵀ
+        # pass 1: p = F ⊙ y + Σ_s A[t, s] P[t, s], y = Xᵏ q, A = q kᵀ; the pairs give q, k and
+        # v their parts and β_s its Σ_t K[t, s] (K = ∂ℓ/∂P ⊙ conj(D))
+        g_q, g_k, g_v, g_beta = pairs.grads(w, g_p)
         g_F = g_F + g_p * y.conj()
         g_y = g_p * ch.F.conj()
         g_Xk = ch.q.mT.to(cdt) @ g_y  # (B, H, n, R, M)
-        g_q = (g_y @ Xk.conj().mT).real + g_A @ ch.k
-        g_k = g_A.mT @ ch.q
-        # P = D ⊙ β_s with D = exp(c_t − c_s): with K = ∂ℓ/∂P ⊙ conj(D), β_s gets Σ_t K[t, s];
-        # c_t gets Σ_s K[t, s] conj(β_s) = w conj(Σ_s g_S P) + g_p conj(Σ_s A P), and c_s minus
-        # conj(β_s) Σ_t K[t, s]
-        K = g_S.to(cdt)[..., None] * w[..., :, None, :]
-        K += ch.scores.to(cdt)[..., None] * g_p[..., :, None, :]
-        g_beta = (K * D.conj()).sum(3)  # (B, H, n, L, M)
+        g_q = g_q + (g_y @ Xk.conj().mT).real
+        # P = D ⊙ β_s with D = exp(c_t − c_s): c_t gets Σ_s K[t, s] conj(β_s) =
+        # w conj(Σ_s g_S P) + g_p conj(Σ_s A P), and c_s minus conj(β_s) Σ_t K[t, s]
         g_c = w * gsP.conj() + g_p * p_pair.conj() - g_beta * ch.beta.conj()
         # the scan over chunks, backwards: X_{j+1} = carry_j X_j + ΔX_j
         g_starts = torch.cat([g_Xk, g_Xv], 3)  # (B, H, n, R+D, M)
@@ -279,7 +322,7 @@ def selective_chunked(
 ):
     """q, k: (B, T, H, R); v: (B, T, H, D); lam_ri, beta_ri: (B, T, H, M, 2); G_hat: (H, 2M, 2M)
     interleaved; Z0: (B, H, R+D, 2M) interleaved real; reset: (B, T) bool or None; kernels:
-    idmix_kernels for the forward's intra-chunk passes in Triton, or None (the backward is
-    PyTorch either way). One real dtype throughout.
+    idmix_kernels for the intra-chunk passes (forward and backward) in Triton, or None. One
+    real dtype throughout.
     Returns (o (B, T, H, D), final state (B, H, R+D, 2M))."""
     return _SelectiveChunked.apply(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, kernels)
