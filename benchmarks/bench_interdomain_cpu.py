@@ -4,7 +4,10 @@
     python benchmarks/bench_interdomain_cpu.py --quick    # T <= 4K, fewer repetitions
 
 Shapes: B=1, H=8, R=D=M=64, fp32, chunk 64. Times are interleaved medians; memory is the peak
-RSS increase of one forward+backward in a fresh process (inputs excluded).
+RSS increase of one forward+backward in a fresh process (inputs excluded). The decode step is
+the layers' runtime path (``interdomain_decode_step_real``, in place on the real state), eager
+against eager SDPA and compiled against compiled. The last table marks the CPU speed issue's
+targets ✓/✗.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     blocked_medians,
     interleaved_medians,
+    mark,
     measure_in_subprocess,
     peak_rss_increase_mb,
     print_table,
@@ -30,10 +34,11 @@ from idmix.functional import (  # noqa: E402
     complex_A,
     discretize,
     interdomain_attention,
-    interdomain_decode_step,
+    interdomain_decode_step_real,
     log_uniform_dt,
     readout_gram,
     s4d_inv_init,
+    state_to_interleaved,
 )
 
 B, H, R, D, M = 1, 8, 64, 64, 64
@@ -100,7 +105,7 @@ def training_table(lengths, reps):
         if T <= 512:
             naive_f, _ = fwd_bwd("naive", T)
             naive = f"{interleaved_medians({'n': naive_f}, 1, warmup=0)['n'] * 1e3:.0f}"
-        results[T] = t
+        results[T] = {**t, "mem_ratio": mem_o / mem_s}
         rows.append(
             [
                 str(T),
@@ -139,54 +144,102 @@ def training_table(lengths, reps):
             f"linearity: chunked f+b time(16K)/time(2K) = "
             f"{results[16384]['ofb'] / results[2048]['ofb']:.2f} (8.0 is linear)"
         )
+    return results
 
 
 def decode_steps(ctx, lam, beta, C, G_hat):
-    """One interdomain decode step after a real prefill of ctx tokens, and one SDPA step over a
-    KV cache of ctx tokens (appending in place)."""
+    """The layers' decode step (real state, in place) after a real prefill of ctx tokens, and one
+    SDPA step over a KV cache of ctx tokens (appending in place); each eager and compiled."""
     q, k, v = inputs(ctx, "ours")
     with torch.no_grad():  # a real prefill, so the state is the one a decoder would hold
-        _, state = interdomain_attention(q, k, v, lam, beta, C, return_final_state=True)
+        _, (xk, xv) = interdomain_attention(q, k, v, lam, beta, C, return_final_state=True)
+    Z = state_to_interleaved(xk, xv).contiguous()
+    lam_ri, beta_ri = torch.view_as_real(lam), torch.view_as_real(beta)
     qt, kt, vt = (torch.randn(B, H, R) for _ in range(3))
     k_cache, v_cache = torch.randn(B, H, ctx + 1, R), torch.randn(B, H, ctx + 1, D)
 
-    @torch.no_grad()
-    def ours():
-        interdomain_decode_step(qt, kt, vt, lam, beta, G_hat, state, inplace=True)
+    def ours_step(q_, k_, v_, state):
+        return interdomain_decode_step_real(q_, k_, v_, lam_ri, beta_ri, G_hat, state)
 
-    @torch.no_grad()
-    def sdpa():
-        k_cache[:, :, ctx] = kt
-        v_cache[:, :, ctx] = vt
-        F.scaled_dot_product_attention(qt[:, :, None], k_cache, v_cache)
+    def sdpa_step(q_, k_, v_, kc, vc):
+        kc[:, :, ctx] = k_
+        vc[:, :, ctx] = v_
+        return F.scaled_dot_product_attention(q_[:, :, None], kc, vc)
 
-    return {"ours": ours, "sdpa": sdpa}
+    ours_c = torch.compile(ours_step, fullgraph=True, dynamic=False)
+    sdpa_c = torch.compile(sdpa_step, fullgraph=True, dynamic=False)
+    calls = {
+        "ours": lambda: ours_step(qt, kt, vt, Z),
+        "sdpa": lambda: sdpa_step(qt, kt, vt, k_cache, v_cache),
+        "ours_c": lambda: ours_c(qt, kt, vt, Z),
+        "sdpa_c": lambda: sdpa_c(qt, kt, vt, k_cache, v_cache),
+    }
+    return {name: torch.no_grad()(fn) for name, fn in calls.items()}
 
 
 def decode_table(contexts, steps):
     """Interdomain steps of all contexts run round-robin (one state per context, from a real
-    prefill), so machine drift cannot masquerade as a context effect; SDPA per context."""
+    prefill), so machine drift cannot masquerade as a context effect; SDPA per context.
+    Returns {context: {method: seconds}}."""
     lam, beta, C = params()
     G_hat = readout_gram(C, "conj")
     fns = {ctx: decode_steps(ctx, lam, beta, C, G_hat) for ctx in contexts}
-    ours = blocked_medians({ctx: f["ours"] for ctx, f in fns.items()}, steps, rounds=15)
+    times = {ctx: {} for ctx in contexts}
+    for kind in ("ours", "ours_c"):
+        t = blocked_medians({ctx: f[kind] for ctx, f in fns.items()}, steps, rounds=15)
+        for ctx in contexts:
+            times[ctx][kind] = t[ctx]
     rows = []
     for ctx in contexts:
-        sdpa = blocked_medians({"sdpa": fns[ctx]["sdpa"]}, steps, rounds=3)["sdpa"]
-        rows.append(
-            [
-                str(ctx),
-                f"{ours[ctx] * 1e6:.0f}",
-                f"{sdpa * 1e6:.0f}",
-                f"{sdpa / ours[ctx]:.2f}x",
-                f"{ours[ctx] / ours[contexts[0]]:.3f}",
-            ]
-        )
+        sdpa = blocked_medians({k: fns[ctx][k] for k in ("sdpa", "sdpa_c")}, steps, rounds=3)
+        times[ctx].update(sdpa)
+        t = times[ctx]
+        rows.append([
+            str(ctx),
+            f"{t['ours'] * 1e6:.0f}", f"{t['sdpa'] * 1e6:.0f}", f"{t['sdpa'] / t['ours']:.2f}x",
+            f"{t['ours_c'] * 1e6:.0f}", f"{t['sdpa_c'] * 1e6:.0f}",
+            f"{t['sdpa_c'] / t['ours_c']:.2f}x",
+            f"{t['ours'] / times[contexts[0]]['ours']:.3f}",
+        ])  # fmt: skip
     print_table(
-        "Decode step latency (us per token, all heads; flat = latency / latency at first context)",
-        ["context", "interdomain step", "SDPA KV-cache step", "speed-up", "flat"],
+        "Decode step latency (us per token, all heads, the layers' real-state step in place; "
+        "speed-up = SDPA / ours; flat = eager latency / latency at the first context)",
+        ["context", "ours eager", "SDPA eager", "speed-up", "ours compiled", "SDPA compiled",
+         "speed-up", "flat"],
         rows,
-    )
+    )  # fmt: skip
+    return times
+
+
+def targets_table(train: dict, decode: dict) -> None:
+    """The CPU speed issue's targets that this benchmark measures, each ✓/✗."""
+    rows = []
+
+    def row(target, value, ok):
+        rows.append([target, value, mark(ok)])
+
+    if 1024 in train:
+        r = train[1024]["sfb"] / train[1024]["ofb"]
+        row("fwd+bwd ≥ 1.0× SDPA at 1K", f"{r:.2f}×", r >= 1.0)
+    if 16384 in train:
+        r = train[16384]["sfb"] / train[16384]["ofb"]
+        row("fwd+bwd ≥ 10× SDPA at 16K", f"{r:.2f}×", r >= 10)
+    if 2048 in train and 16384 in train:
+        r = train[16384]["ofb"] / train[2048]["ofb"]
+        row("linear: f+b time 16K / 2K ≤ 8.8", f"{r:.2f}", r <= 8.8)
+    fwd = {T: t["sf"] / t["of"] for T, t in train.items() if T >= 1024}
+    row("fwd ≥ 1.0× SDPA from 1K", f"min {min(fwd.values()):.2f}×", min(fwd.values()) >= 1.0)
+    mem = {T: t["mem_ratio"] for T, t in train.items() if T >= 4096}
+    if mem:
+        worst = max(mem.values())
+        row("peak memory ≤ 1.5× SDPA from 4K", f"max {worst:.2f}×", worst <= 1.5)
+    at = [ctx for ctx in decode if ctx >= 512]
+    for kind, label in (("", "eager"), ("_c", "compiled")):
+        worst = min(decode[c]["sdpa" + kind] / decode[c]["ours" + kind] for c in at)
+        row(f"decode step ≤ SDPA's from 512 ({label})", f"min speed-up {worst:.2f}×", worst >= 1)
+    flat = max(decode[c]["ours"] for c in at) / min(decode[c]["ours"] for c in at)
+    row(f"decode step flat within 5% to {max(at)}", f"max/min {flat:.3f}", flat <= 1.05)
+    print_table("Targets (CPU speed issue)", ["target", "measured", ""], rows)
 
 
 def main():
@@ -200,8 +253,9 @@ def main():
     torch.manual_seed(0)
     lengths = [512, 1024, 2048, 4096] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     contexts = [512, 2048, 8192] if args.quick else [512, 1024, 2048, 4096, 8192, 16384, 32768]
-    training_table(lengths, reps=3 if args.quick else 7)
-    decode_table(contexts, steps=50 if args.quick else 100)
+    train = training_table(lengths, reps=3 if args.quick else 7)
+    decode = decode_table(contexts, steps=50 if args.quick else 100)
+    targets_table(train, decode)
 
 
 if __name__ == "__main__":

@@ -82,3 +82,8 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for r in rows:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+
+
+def mark(ok: bool) -> str:
+    """✓ / ✗ for a target row."""
+    return "✓" if ok else "✗"
