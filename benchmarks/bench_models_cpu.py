@@ -1,13 +1,15 @@
 """Whole models on CPU: training-step tokens/s of the three mixers, and decoding tokens/s and
-cache memory against context length (interdomain vs softmax).
+cache memory against context length (interdomain vs softmax), eager and compiled.
 
-    python benchmarks/bench_models_cpu.py            # tiny+small at T in {512, 2K, 8K}; 512..32K
+    python benchmarks/bench_models_cpu.py            # tiny+small, T 256..8K; contexts 512..32K
     python benchmarks/bench_models_cpu.py --quick    # tiny only, T <= 2K; contexts <= 8K
 
 Training step = forward + cross-entropy + backward + AdamW, B=1, fp32. Decoding: B=1, one
 token per step through the cache; the cache is filled to the context length directly (a KV
 cache of random keys/values, a random SSM state): a step's cost depends on the cache's size,
-not its contents, and a 32K softmax prefill would dominate the run.
+not its contents, and a 32K softmax prefill would dominate the run. Compiled decoding is
+``torch.compile(model, fullgraph=True, dynamic=False)``, as ``generate(compile=True)`` runs it.
+The last table marks the CPU speed issue's model-level targets ✓/✗.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import blocked_medians, print_table  # noqa: E402
+from common import blocked_medians, mark, print_table  # noqa: E402
 
 from idmix import cache_nbytes, models  # noqa: E402
 
@@ -41,13 +43,15 @@ def train_step_fn(model, T):
 
 
 def training_table(scales, lengths):
-    rows = []
+    """Returns {(scale, T): interdomain tokens/s / softmax's}."""
+    rows, ratios = [], {}
     for scale in scales:
         built = {m: models.cpu_model(m, scale, max_seq_len=max(lengths)) for m in MIXERS}
         for T in lengths:
             fns = {m: train_step_fn(built[m], T) for m in MIXERS}
             t = blocked_medians(fns, calls=1, rounds=3 if T <= 2048 else 2)
             tps = {m: T / t[m] for m in MIXERS}
+            ratios[scale, T] = tps["interdomain"] / tps["softmax"]
             rows.append(
                 [scale, str(T)]
                 + [f"{tps[m]:.0f}" for m in MIXERS]
@@ -58,6 +62,7 @@ def training_table(scales, lengths):
         ["size", "T", *MIXERS, "ratio"],
         rows,
     )
+    return ratios
 
 
 @torch.no_grad()
@@ -72,8 +77,9 @@ def fill_cache(model, ctx):
             cache.state.copy_(torch.randn_like(cache.state) * 0.1)
 
 
-def decode_fn(model, ctx):
+def decode_fn(model, ctx, compiled=False):
     model.setup_caches(batch_size=1, dtype=torch.float32, decoder_max_seq_len=ctx + 1)
+    forward = torch.compile(model, fullgraph=True, dynamic=False) if compiled else model
     fill_cache(model, ctx)
     token = torch.randint(0, 4096, (1, 1))
     pos = torch.tensor([[ctx]])
@@ -84,7 +90,7 @@ def decode_fn(model, ctx):
         for layer in model.layers:  # decode the same position again: constant cache length
             if hasattr(layer.attn.kv_cache, "length"):
                 layer.attn.kv_cache.length.fill_(ctx)
-        model(token, mask=mask, input_pos=pos)
+        forward(token, mask=mask, input_pos=pos)
 
     return step
 
@@ -92,44 +98,53 @@ def decode_fn(model, ctx):
 def decode_table(scale, contexts, calls):
     """Interdomain steps of all contexts run round-robin on one model (its cache does not depend
     on the context; only the position does), so machine drift cannot pose as a context effect.
-    Softmax: one KV cache per context, timed per context."""
+    Softmax: one KV cache per context, timed per context. Eager and compiled rows.
+    Returns {(mode, context): interdomain tokens/s / softmax's}."""
+    torch._dynamo.config.cache_size_limit = 64  # one graph per context and mode
     built = {
         m: models.cpu_model(m, scale, max_seq_len=max(contexts) + 1)
         for m in ("interdomain", "softmax")
     }
     ours_model = built["interdomain"]
-    ours_fns = {ctx: decode_fn(ours_model, ctx) for ctx in contexts}  # same cache, reset each
-    ours_mem = cache_nbytes(ours_model) / 2**20
-    ours = blocked_medians(ours_fns, calls=calls, rounds=25)
-    rows = []
-    for ctx in contexts:
-        soft = blocked_medians({"s": decode_fn(built["softmax"], ctx)}, calls=calls, rounds=3)["s"]
-        soft_mem = cache_nbytes(built["softmax"]) / 2**20
-        rows.append(
-            [
-                str(ctx),
-                f"{1 / ours[ctx]:.0f}",
-                f"{1 / soft:.0f}",
-                f"{soft / ours[ctx]:.2f}x",
-                f"{ours[contexts[0]] / ours[ctx]:.3f}",
-                f"{ours_mem:.2f}",
-                f"{soft_mem:.1f}",
-            ]
-        )
+    rows, ratios = [], {}
+    for mode in ("eager", "compiled"):
+        compiled = mode == "compiled"
+        ours_fns = {ctx: decode_fn(ours_model, ctx, compiled) for ctx in contexts}
+        ours_mem = cache_nbytes(ours_model) / 2**20
+        ours = blocked_medians(ours_fns, calls=calls, rounds=25)
+        for ctx in contexts:
+            fn = decode_fn(built["softmax"], ctx, compiled)
+            soft = blocked_medians({"s": fn}, calls=calls, rounds=3)["s"]
+            soft_mem = cache_nbytes(built["softmax"]) / 2**20
+            ratios[mode, ctx] = soft / ours[ctx]
+            rows.append([
+                mode, str(ctx), f"{1 / ours[ctx]:.0f}", f"{1 / soft:.0f}",
+                f"{soft / ours[ctx]:.2f}x", f"{ours[contexts[0]] / ours[ctx]:.3f}",
+                f"{ours_mem:.2f}", f"{soft_mem:.1f}",
+            ])  # fmt: skip
     print_table(
         f"Decoding, {scale} model, B=1 (tokens/s; flat = interdomain tokens/s / its value at the "
         "first context; cache MiB)",
-        [
-            "context",
-            "interdomain tok/s",
-            "softmax tok/s",
-            "ratio",
-            "flat",
-            "interdomain MiB",
-            "softmax MiB",
-        ],
+        ["mode", "context", "interdomain tok/s", "softmax tok/s", "ratio", "flat",
+         "interdomain MiB", "softmax MiB"],
         rows,
-    )
+    )  # fmt: skip
+    return ratios
+
+
+def targets_table(train: dict, decode: dict) -> None:
+    """The CPU speed issue's model-level targets this benchmark measures, each ✓/✗."""
+    rows = []
+    for (scale, T), r in sorted(train.items()):
+        if T in (256, 512):
+            rows.append([f"{scale} training ≥ softmax at T = {T}", f"{r:.2f}×", mark(r >= 1)])
+        if T == 4096:
+            rows.append([f"{scale} training ≥ 2× softmax at T = 4K", f"{r:.2f}×", mark(r >= 2)])
+    compiled = {ctx: r for (mode, ctx), r in decode.items() if mode == "compiled" and ctx >= 1024}
+    if compiled:
+        worst = min(compiled.values())
+        rows.append(["compiled generation > softmax from 1K", f"min {worst:.2f}×", mark(worst > 1)])
+    print_table("Targets (CPU speed issue, models)", ["target", "measured", ""], rows)
 
 
 def main():
@@ -138,11 +153,12 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.quick:
-        training_table(["tiny"], [512, 2048])
-        decode_table("tiny", [512, 2048, 8192], calls=20)
+        train = training_table(["tiny"], [256, 512, 2048])
+        decode = decode_table("tiny", [512, 2048, 8192], calls=20)
     else:
-        training_table(["tiny", "small"], [512, 2048, 8192])
-        decode_table("small", [512, 1024, 2048, 4096, 8192, 16384, 32768], calls=100)
+        train = training_table(["tiny", "small"], [256, 512, 2048, 4096, 8192])
+        decode = decode_table("small", [512, 1024, 2048, 4096, 8192, 16384, 32768], calls=100)
+    targets_table(train, decode)
 
 
 if __name__ == "__main__":
