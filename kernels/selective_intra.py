@@ -67,6 +67,13 @@ def _times_row(d_re, d_im, b_re, b_im):
 
 
 @triton.jit
+def _load_tile(base, ll, cols, s_l, L, n_cols):
+    """(BL, B·) fp32 tile of a row-major (L, n_cols) block (rows past L, columns past n_cols: 0)."""
+    ok = (ll < L)[:, None] & (cols < n_cols)[None, :]
+    return tl.load(base + ll[:, None] * s_l + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _from_start(c_re, c_im, doc):
     """exp(c_t) where no document starts in [chunk start, t], else 0: (re, im) (BL, BM)."""
     mag = tl.where((doc == 0)[:, None], tl.exp(c_re), 0.0)
@@ -90,11 +97,9 @@ def _sums_kernel(
     WITH_GRAD also gs = Σ_s (∂ℓ/∂o_t · v_s) P[t, s] (the backward's Σ_s g_S P)."""
     pid, b, h, n = _program_bhn(H, N)
     ll, rr, dd, mm = tl.arange(0, BL), tl.arange(0, BR), tl.arange(0, BD), tl.arange(0, BM)
-    in_l, in_r, in_d = ll < L, rr < R, dd < D
-    q_base = q_ptr + b * s_qb + h * s_qh + n * s_qn
+    in_r, in_d = rr < R, dd < D
+    q = _load_tile(q_ptr + b * s_qb + h * s_qh + n * s_qn, ll, rr, s_ql, L, R)
     k_base = k_ptr + b * s_qb + h * s_qh + n * s_qn
-    ok = in_l[:, None] & in_r[None, :]
-    q = tl.load(q_base + ll[:, None] * s_ql + rr[None, :], mask=ok, other=0.0).to(tl.float32)
     c_base = c_ptr + b * s_cb + h * s_ch + n * s_cn
     b_base = beta_ptr + b * s_cb + h * s_ch + n * s_cn
     c_re, c_im = _load_pairs(c_base, ll, mm, s_cl, L, M)
@@ -112,9 +117,7 @@ def _sums_kernel(
     v_base = v_ptr + b * s_vb + h * s_vh + n * s_vn
     go = tl.zeros((BL, BD), dtype=tl.float32)
     if WITH_GRAD:
-        go_base = go_ptr + b * s_vb + h * s_vh + n * s_vn
-        ok_d = in_l[:, None] & in_d[None, :]
-        go = tl.load(go_base + ll[:, None] * s_vl + dd[None, :], mask=ok_d, other=0.0)
+        go = _load_tile(go_ptr + b * s_vb + h * s_vh + n * s_vn, ll, dd, s_vl, L, D)
     for s in range(0, L):
         k_s = tl.load(k_base + s * s_ql + rr, mask=in_r, other=0.0).to(tl.float32)
         a_s = tl.sum(q * k_s[None, :], 1)  # (q_t · k_s) for every t
@@ -188,14 +191,10 @@ def _grads_kernel(
     pid, b, h, n = _program_bhn(H, N)
     ll, rr, dd, mm = tl.arange(0, BL), tl.arange(0, BR), tl.arange(0, BD), tl.arange(0, BM)
     in_l, in_r, in_d = ll < L, rr < R, dd < D
-    q_base = q_ptr + b * s_qb + h * s_qh + n * s_qn
+    q = _load_tile(q_ptr + b * s_qb + h * s_qh + n * s_qn, ll, rr, s_ql, L, R)
     k_base = k_ptr + b * s_qb + h * s_qh + n * s_qn
-    ok_r = in_l[:, None] & in_r[None, :]
-    q = tl.load(q_base + ll[:, None] * s_ql + rr[None, :], mask=ok_r, other=0.0).to(tl.float32)
     v_base = v_ptr + b * s_vb + h * s_vh + n * s_vn
-    go_base = go_ptr + b * s_vb + h * s_vh + n * s_vn
-    ok_d = in_l[:, None] & in_d[None, :]
-    go = tl.load(go_base + ll[:, None] * s_vl + dd[None, :], mask=ok_d, other=0.0).to(tl.float32)
+    go = _load_tile(go_ptr + b * s_vb + h * s_vh + n * s_vn, ll, dd, s_vl, L, D)
     c_base = c_ptr + b * s_cb + h * s_ch + n * s_cn
     b_base = beta_ptr + b * s_cb + h * s_ch + n * s_cn
     c_re, c_im = _load_pairs(c_base, ll, mm, s_cl, L, M)
@@ -225,7 +224,9 @@ def _grads_kernel(
         tl.store(gb_base + s * s_cl + 2 * mm, gb_re, mask=mm < M)
         tl.store(gb_base + s * s_cl + 2 * mm + 1, gb_im, mask=mm < M)
     tl.store(
-        gq_ptr + b * s_qb + h * s_qh + n * s_qn + ll[:, None] * s_ql + rr[None, :], gq, mask=ok_r
+        gq_ptr + b * s_qb + h * s_qh + n * s_qn + ll[:, None] * s_ql + rr[None, :],
+        gq,
+        mask=in_l[:, None] & in_r[None, :],
     )
 
 
