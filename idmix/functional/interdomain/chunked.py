@@ -22,6 +22,8 @@ from typing import NamedTuple
 import torch
 
 from .decays import ChunkDecays, chunk_decays
+from .realform import as_complex as _c
+from .realform import as_interleaved as _r
 
 SEGMENT_TOKENS = 512
 BACKENDS = ("auto", "torch", "triton")
@@ -44,16 +46,6 @@ def kernels_for(x: torch.Tensor, backend: str):
             raise
         return None
     return idmix_kernels
-
-
-def _c(x: torch.Tensor) -> torch.Tensor:
-    """Complex view (..., M) of an interleaved real tensor (..., 2M)."""
-    return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
-
-
-def _r(x: torch.Tensor) -> torch.Tensor:
-    """Interleaved real view (..., 2M) of a complex tensor (..., M)."""
-    return torch.view_as_real(x).flatten(-2)
 
 
 def _dot_conj(x: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .realform import interleaved_to_state, state_to_interleaved
+from .realform import as_complex, interleaved_to_state, state_to_interleaved
 from .validation import (
     State,
     check_backend,
@@ -172,18 +172,24 @@ def _eager_step_(q, k, v, lam_ri, beta_ri, G_hat, Z):
     slower in eager; compiled, Inductor fuses that form into one loop, so it stays there).
     Equal to :func:`_torch_step` (tested). Returns o."""
     rdtype = Z.dtype
-    B, H, C, M2 = Z.shape
     R = k.shape[-1]
-    X = torch.view_as_complex(Z.view(B, H, C, M2 // 2, 2))  # (B, H, C, M), shares Z's memory
+    X = as_complex(Z)  # (B, H, C, M), shares Z's memory
     lam, beta = (
         torch.view_as_complex(x.to(rdtype).contiguous()).unsqueeze(-2) for x in (lam_ri, beta_ri)
     )
     z = torch.cat([k, v], dim=-1).to(rdtype)[..., None]  # (B, H, C, 1)
     X.mul_(lam).addcmul_(z, beta)  # X ← λ⊙X + β⊗z
-    rows = q.to(rdtype) if q.dim() == 4 else q.to(rdtype)[:, :, None, :]  # (B, H, r, R)
-    w = (rows @ Z[..., :R, :]) @ G_hat.to(rdtype).mT  # w̃ = Ĝ p̂, row vectors
-    o = w @ Z[..., R:, :].mT
-    return (o if q.dim() == 4 else o.squeeze(-2)).to(q.dtype)
+    return _read(q, G_hat, Z, R).to(q.dtype)
+
+
+def _read(q, G_hat, Z, R: int) -> torch.Tensor:
+    """o = Re(Xᵛᴴ Ĝ p̂) with p = Xᵏ q, on the updated state Z (B, H, R+D, 2M) interleaved real:
+    q (B, H, R) or (B, H, r, R) -> o (B, H, D) or (B, H, r, D), in Z's dtype. Row-vector
+    products throughout: CPU BLAS is several times faster at x @ A than A @ x."""
+    rows = q.to(Z.dtype) if q.dim() == 4 else q.to(Z.dtype)[:, :, None, :]  # (B, H, r, R)
+    w = (rows @ Z[..., :R, :]) @ G_hat.to(Z.dtype).mT  # w̃ = Ĝ p̂
+    o = w @ Z[..., R:, :].mT  # Σ_m Re(Xᵛ)w_re + Im(Xᵛ)w_im
+    return o if q.dim() == 4 else o.squeeze(-2)
 
 
 def _torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z):
@@ -198,11 +204,5 @@ def _torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z):
         lr, li, br, bi = (x.unsqueeze(-2) for x in (lr, li, br, bi))  # (B?, H, 1, M)
         new = torch.stack([lr * zr - li * zi + br * z, lr * zi + li * zr + bi * z], -1)
         new = new.view(B, H, C, M2)  # X ← λ⊙X + β⊗z, in one fused pass under compile
-        R = k.shape[-1]
-        rows = q.to(rdtype) if q.dim() == 4 else q.to(rdtype)[:, :, None, :]  # (B, H, r, R)
-        p = rows @ new[..., :R, :]  # (B, H, r, 2M) interleaved
-        # Row-vector products throughout: CPU BLAS is several times faster at x @ A than A @ x.
-        w = p @ G_hat.to(rdtype).mT  # w̃ = Ĝ p̂
-        o = w @ new[..., R:, :].mT  # Σ_m Re(Xᵛ)w_re + Im(Xᵛ)w_im
-        o = o if q.dim() == 4 else o.squeeze(-2)
+        o = _read(q, G_hat, new, k.shape[-1])
     return o.to(q.dtype), new

@@ -19,3 +19,13 @@ def interleaved_to_state(Z: torch.Tensor, R: int) -> tuple[torch.Tensor, torch.T
     mode-last, the layout the decode step reads without copying."""
     Zc = torch.view_as_complex(Z.unflatten(-1, (-1, 2))).mT  # (B, H, M, R+D)
     return Zc[..., :R], Zc[..., R:]
+
+
+def as_complex(x: torch.Tensor) -> torch.Tensor:
+    """(..., 2M) interleaved real -> (..., M) complex view (no copy)."""
+    return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
+
+
+def as_interleaved(x: torch.Tensor) -> torch.Tensor:
+    """(..., M) complex -> (..., 2M) interleaved real view (no copy)."""
+    return torch.view_as_real(x).flatten(-2)

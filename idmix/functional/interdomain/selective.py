@@ -34,18 +34,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..powers import polar
+from .realform import as_complex as _complex
+from .realform import as_interleaved as _real
 
 SELECTIVE_CHUNK = 16
-
-
-def _complex(x: torch.Tensor) -> torch.Tensor:
-    """(..., 2M) interleaved real -> (..., M) complex view."""
-    return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
-
-
-def _real(x: torch.Tensor) -> torch.Tensor:
-    """(..., M) complex -> (..., 2M) interleaved real view."""
-    return torch.view_as_real(x).flatten(-2)
 
 
 def _chunks(x: torch.Tensor, n: int, L: int) -> torch.Tensor:
@@ -69,7 +61,7 @@ class _Chunked(NamedTuple):
     scores A[t, s] = q_t·k_s (.., L, L), not masked: the pair decays (``_pair_decays``) are
     exactly 0 on every pair that does not count; F[t] = exp(c_t) where no document starts in
     [0, t] (.., L, M), else 0; De[s] = exp(c_{L−1} − c_s) where s is in the chunk's last document
-    (.., L, M), else 0; inv_conj = λ / |λ|² = 1 / conj(λ) (.., L, M), the derivative of log λ.
+    (.., L, M), else 0.
     """
 
     q: torch.Tensor
@@ -82,7 +74,6 @@ class _Chunked(NamedTuple):
     scores: torch.Tensor
     F: torch.Tensor
     De: torch.Tensor
-    inv_conj: torch.Tensor
 
 
 def _pair_decays(lam: torch.Tensor, starts: torch.Tensor | None) -> torch.Tensor:
@@ -109,9 +100,6 @@ def _prepare(q, k, v, lam_ri, beta_ri, reset, L: int) -> _Chunked:
     log_mag, theta = polar(lam_ri)  # (B, T, H, M) each
     c = torch.complex(_chunks(log_mag, n, L), _chunks(theta, n, L)).cumsum(3)  # (B,H,n,L,M)
     lam = _chunks(torch.view_as_complex(lam_ri.contiguous()), n, L)
-    inv_conj = lam / (lam.real.square() + lam.imag.square()).clamp_min(
-        torch.finfo(c.real.dtype).tiny
-    )
     qc, kc, vc = (_chunks(x, n, L) for x in (q, k, v))
     starts = None if reset is None else _chunks(reset[..., None], n, L)  # (B, 1, n, L)
     doc = (
@@ -126,7 +114,7 @@ def _prepare(q, k, v, lam_ri, beta_ri, reset, L: int) -> _Chunked:
     neg_inf = torch.full((), float("-inf"), dtype=c.real.dtype, device=q.device)
     De = torch.polar(torch.exp(torch.where(end_ok, end.real, neg_inf)), end.imag)
     beta = _chunks(torch.view_as_complex(beta_ri.contiguous()), n, L)
-    return _Chunked(qc, kc, vc, beta, lam, starts, c, qc @ kc.mT, F, De, inv_conj)
+    return _Chunked(qc, kc, vc, beta, lam, starts, c, qc @ kc.mT, F, De)
 
 
 def _starts(ch: _Chunked, X0: torch.Tensor):
@@ -301,9 +289,11 @@ class _SelectiveChunked(torch.autograd.Function):
         g_c = g_c + g_F * ch.F.conj()  # F = exp(c)
         # c = cumsum(log λ): log λ's gradient is the reverse cumsum; λ's is that / conj(λ)
         g_log = g_c.flip(3).cumsum(3).flip(3)
+        tiny = torch.finfo(ch.c.real.dtype).tiny
+        inv_conj = ch.lam / (ch.lam.real.square() + ch.lam.imag.square()).clamp_min(tiny)
         return (
             _unchunk(g_q, T), _unchunk(g_k + g_z[..., :R], T), _unchunk(g_v + g_z[..., R:], T),
-            torch.view_as_real(_unchunk(g_log * ch.inv_conj, T)),
+            torch.view_as_real(_unchunk(g_log * inv_conj, T)),
             torch.view_as_real(_unchunk(g_beta, T)), g_G, _real(G), None, None, None,
         )  # fmt: skip
 
