@@ -163,7 +163,8 @@ def test_quantize_recipe(tmp_path):
             "eval_tokens=256",
             "prompt_len=8",
             "new_tokens=8",
-            "aoti=false",  # AOTInductor packages: tests/test_deploy.py
+            "calibration_batches=1",
+            "aoti=false",  # AOTInductor packages: tests/test_deploy.py, tests/test_pt2e.py
             f"output_dir={out_dir}",
         )
     )
@@ -174,5 +175,10 @@ def test_quantize_recipe(tmp_path):
         assert report[mode]["size_ratio"] > 1.2
         assert (out_dir / f"{mode}_decode.pt2").is_file()
         assert report[mode]["saved_pt_matches"] is True
+    for mode in ("x86_int8_dynamic", "x86_int8_static"):  # PT2E: agreement, not bit-equality
+        assert report[mode]["exported_matches_eager"] is True, report[mode]
+        assert report[mode]["size_ratio"] > 1.2
+        assert abs(report[mode]["ppl_delta_pct"]) < 10
+        assert (out_dir / f"{mode}_decode.pt2").is_file()
     bad = tune_run("quantize_interdomain", "quantize_tiny", f"checkpoint={path}", "modes=[int4]")
     assert bad.returncode != 0 and "modes: expected a list from" in bad.stderr

@@ -65,3 +65,23 @@ def test_design_citations_point_into_the_repository():
         assert not re.search(outside, text), f"{name} cites design notes outside the repository"
         for cited in re.findall(r"docs/design\.md §(\d+)", text):
             assert cited in sections, f"{name} cites docs/design.md §{cited}"
+
+
+def test_torchtune_imports_against_the_pinned_torchao():
+    """The start-up hook (tools/recipes-hook/_idmix_torchtune_compat.py) lets torchtune 0.6.1
+    import against torchao 0.17; the two names it supplies refuse to run, naming why."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torchtune.training, torchao, torchao.quantization as q\n"
+        "assert torchao.__version__.startswith('0.17'), torchao.__version__\n"
+        "try:\n"
+        "    q.int4_weight_only()\n"
+        "except NotImplementedError as e:\n"
+        "    assert 'removed in torchao 0.16' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('int4_weight_only ran')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
