@@ -23,19 +23,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import mark, print_table  # noqa: E402
+from common import blocked_medians, mark, print_table  # noqa: E402
 
 from idmix import models  # noqa: E402
 from idmix.evaluation.deploy import causal_mask, export_programs, load_program, save_program  # noqa: E402
 from idmix.evaluation.pt2e import PT2E_MODES, agreement, quantize_program  # noqa: E402
-
-
-def steps_per_second(fn, args, reps: int) -> float:
-    fn(*args)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn(*args)
-    return reps / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -43,7 +35,7 @@ def main() -> None:
     parser.add_argument("--model", default="interdomain_125m")
     parser.add_argument("--layers", type=int, default=0, help="override num_layers (0: keep)")
     parser.add_argument("--prompt", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=10, help="calls per timing round")
     args = parser.parse_args()
     torch.manual_seed(0)
     overrides = {"num_layers": args.layers} if args.layers else {}
@@ -60,7 +52,7 @@ def main() -> None:
     dec_args = (torch.randint(0, V, (1, 1)), torch.full((1, 1), P), mask[:1, P : P + 1], *state)
     calib_pre = [(torch.randint(0, V, (8, P)), *pre_args[1:]) for _ in range(2)]
     calib_dec = [(torch.randint(0, V, (1, 1)), *dec_args[1:]) for _ in range(4)]
-    rows, speed = [], {}
+    runs, checks = {}, {}
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         for name in ("fp32", *PT2E_MODES):
             programs = {"prefill": prefill, "decode": decode}
@@ -76,13 +68,20 @@ def main() -> None:
                 compile_s = time.perf_counter() - t0
                 run = load_program(path, aoti=True)
                 call = pre_args if part == "prefill" else dec_args
-                tok_s = steps_per_second(run, call, args.reps) * (8 * P if part == "prefill" else 1)
-                speed[name, part] = tok_s
+                runs[name, part] = lambda run=run, call=call: run(*call)
                 a = agreement(run(*call)[0], program.module()(*call)[0])
-                rows.append([
-                    name, part, f"{tok_s:,.0f}", f"{tok_s / speed['fp32', part]:.2f}×",
-                    f"{a['top1']:.3f}", f"{a['max_dlogit_over_range']:.1e}", f"{compile_s:.0f}",
-                ])  # fmt: skip
+                checks[name, part] = (a, compile_s)
+        # all packages timed round by round, so machine noise hits every mode alike
+        seconds = blocked_medians(runs, calls=args.reps)
+    speed = {key: (8 * P if key[1] == "prefill" else 1) / s for key, s in seconds.items()}
+    rows = [
+        [
+            name, part, f"{speed[name, part]:,.0f}",
+            f"{speed[name, part] / speed['fp32', part]:.2f}×", f"{a['top1']:.3f}",
+            f"{a['max_dlogit_over_range']:.1e}", f"{compile_s:.0f}",
+        ]
+        for (name, part), (a, compile_s) in checks.items()
+    ]  # fmt: skip
     title = (
         f"{args.model} (d = {d}, {len(model.layers)} layers, vocab {V}): fp32 vs PT2E int8, "
         f"AOTInductor + freezing, {torch.get_num_threads()} threads; prefill B = 8 × {P}"

@@ -33,6 +33,7 @@ from idmix.evaluation.deploy import (
     QUANT_MODES,
     Decode,
     Prefill,
+    causal_mask,
     export_programs,
     greedy_with_programs,
     load_program,
@@ -111,16 +112,12 @@ def measure_pt2e(base, name, cfg, stream, prompt, out) -> dict:
     ppl = perplexity_by_context(scorer, stream, [cfg.seq_len], cfg.eval_tokens, batch_size=1)
     row = {"val_ppl": ppl[cfg.seq_len]}
     fp32 = export_programs(base, 1, P, S)
-    steps, prompts = [], []
-    for w in windows[:, :S]:
-        prompts.append((w[None, :P], torch.arange(P)[None]))
-        _, more = teacher_forced_logits(*(p.module() for p in fp32), w[None], P, S)
-        steps += more
-    mask = torch.ones(S, S, dtype=torch.bool).tril()[None, :P]
-    programs = (
-        quantize_program(fp32[0], name, [(*a, mask) for a in prompts]),
-        quantize_program(fp32[1], name, steps),
-    )
+    mask = causal_mask(1, S)[:, :P]
+    prefills = [(w[None, :P], torch.arange(P)[None], mask) for w in windows]
+    steps = []
+    for w in windows[:, :S]:  # decode inputs (with states) from the fp32 programs
+        steps += teacher_forced_logits(*(p.module() for p in fp32), w[None], P, S)[1]
+    programs = quantize_program(fp32[0], name, prefills), quantize_program(fp32[1], name, steps)
     row["weights_bytes"] = program_weight_bytes(programs[1])
     eager = tuple(p.module() for p in programs)
     new, secs = timed(lambda: greedy_with_programs(*eager, prompt, cfg.new_tokens, S))

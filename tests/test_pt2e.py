@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from idmix.evaluation.deploy import export_programs, load_program, save_program
+from idmix.evaluation.deploy import causal_mask, export_programs, load_program, save_program
 from idmix.evaluation.pt2e import agreement, quantize_program, teacher_forced_logits
 from tests.helpers import tiny_model
 
@@ -29,14 +29,12 @@ def _programs(mode):
     fp32 = export_programs(model.eval(), batch_size=1, prompt_len=P, max_seq_len=S)
     ref, steps = teacher_forced_logits(*(p.module() for p in fp32), tokens, P, S)
     q = (
-        quantize_program(fp32[0], mode, [(tokens[:, :P], torch.arange(P)[None], _mask()[:, :P])]),
+        quantize_program(
+            fp32[0], mode, [(tokens[:, :P], torch.arange(P)[None], causal_mask(1, S)[:, :P])]
+        ),
         quantize_program(fp32[1], mode, steps[:4]),
     )
     return model, tokens, ref, q
-
-
-def _mask():
-    return torch.ones(S, S, dtype=torch.bool).tril()[None]
 
 
 @pytest.mark.parametrize("mode", ["x86_int8_dynamic", "x86_int8_static"])

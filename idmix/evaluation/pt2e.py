@@ -123,7 +123,6 @@ class QuantizedScorer(nn.Module):
             program = torch.export.export(model.eval(), (windows[:1],))
         calibration = [(w[None],) for w in windows]
         self.program = quantize_program(program, mode, calibration).module()
-        self.anchor = nn.Parameter(torch.zeros(()), requires_grad=False)  # names the device
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.program(tokens)

@@ -34,7 +34,6 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..powers import polar
 from .realform import as_complex as _complex
 from .realform import as_interleaved as _real
 from .selective_pairs import fused, pair_dots, pair_sums, pair_tsums
@@ -107,9 +106,9 @@ def _prepare(q, k, v, lam_ri, beta_ri, reset, L: int, with_c: bool = False) -> _
         De = torch.where((doc == doc[..., -1:])[..., None], De, 0)
     beta = _chunks(torch.view_as_complex(beta_ri.contiguous()), n, L)
     c = None
-    if with_c:
-        log_mag, theta = polar(lam_ri)
-        c = torch.complex(_chunks(log_mag, n, L), _chunks(theta, n, L)).cumsum(3)
+    if with_c:  # ρ is its real part; the phases are wrapped per step (atan2) before the sum
+        theta = torch.atan2(lam_ri[..., 1], lam_ri[..., 0])
+        c = torch.complex(rho, _chunks(theta, n, L).cumsum(3))
     return _Chunked(qc, kc, vc, beta, _chunks(lam, n, L), starts, doc, rho, u, qc @ kc.mT, F, De, c)
 
 
