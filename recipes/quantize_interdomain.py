@@ -3,18 +3,21 @@ torch.export, save, reload and measure.
 
     tune run recipes/quantize_interdomain.py --config recipes/configs/quantize_tiny.yaml
 
-For fp32 and each mode (torchao int8_weight_only, int8_dynamic; PT2E x86_int8_dynamic,
-x86_int8_static, ``idmix.evaluation.pt2e``): weight bytes, validation perplexity (and its change
-against fp32), greedy decode tokens/s (prompt included) of the eager model (``idmix.generate``;
-for PT2E the converted programs), of the reloaded torch.export programs and (aoti=true) of their
-AOTInductor-compiled packages (freezing on), and whether each reproduces the eager model: greedy
-tokens exactly (torchao modes), or teacher-forced top-1 agreement ≥ 99% and max |Δlogit| ≤ 1e-2
-of the logit range (PT2E). The AOTInductor decode speed-up over fp32 is marked against the
-target (≥ 1× at d ≤ 256, ≥ 2× wider).
+For fp32 and each mode (torchao int8_weight_only, int8_dynamic, int8_dynamic_int4; PT2E
+x86_int8_dynamic, x86_int8_static, ``idmix.evaluation.pt2e``): weight bytes (the whole model's
+and, for torchao modes, the linear layers' against the int4 target of ≥ 3.5× smaller),
+validation perplexity (and its change against fp32), greedy decode tokens/s (prompt included) of
+the eager model (``idmix.generate``; for PT2E the converted programs), of the reloaded
+torch.export programs, (aoti=true) of their AOTInductor-compiled packages (freezing on) and
+(executorch=true; fp32 and int8_dynamic_int4) of the decode step lowered to ExecuTorch/XNNPACK
+(``idmix.evaluation.edge``), and whether each reproduces the eager model: greedy tokens exactly,
+or teacher-forced top-1 agreement ≥ 99% and max |Δlogit| ≤ 1e-2 of the logit range. The
+AOTInductor decode speed-up over fp32 is marked against the target (≥ 1× at d ≤ 256, ≥ 2×
+wider).
 Each quantised model is also saved as {mode}_model.pt (weights_only-loadable, torchao tensor
 types allowlisted: ``idmix.evaluation.deploy.load_quantized_model``) and reloaded to check its
 logits. Writes {model}_{prefill,decode}.pt2, {model}_{prefill,decode}.aoti.pt2,
-{mode}_model.pt and quantize_report.{md,json} to output_dir.
+{model}_decode.pte, {mode}_model.pt and quantize_report.{md,json} to output_dir.
 """
 
 from __future__ import annotations
@@ -36,12 +39,14 @@ from idmix.evaluation.deploy import (
     causal_mask,
     export_programs,
     greedy_with_programs,
+    linear_weight_bytes,
     load_program,
     load_quantized_model,
     quantize_linears,
     save_program,
     save_quantized_model,
 )
+from idmix.evaluation.edge import EXECUTORCH_MODES, load_executorch, save_executorch
 from idmix.evaluation.extrapolation import perplexity_by_context, token_stream
 from idmix.evaluation.pt2e import (
     PT2E_MODES,
@@ -60,7 +65,10 @@ from recipes._common import check_keys, fresh_outputs
 KEYS = {
     "checkpoint", "tokenizer", "dataset", "modes", "seq_len", "eval_tokens", "prompt_len",
     "new_tokens", "targets", "aoti", "seed", "output_dir", "overwrite", "calibration_batches",
+    "executorch",
 }  # fmt: skip
+# the linear layers' weights at least this much smaller than fp32's (issue: quantised export)
+MIN_LINEAR_SIZE_RATIO = {"int8_dynamic_int4": 3.5}
 MODES = (*QUANT_MODES, *PT2E_MODES)
 
 
@@ -86,7 +94,7 @@ def reloaded_matches(model, name, model_config, prompt, out) -> bool:
 def measure(model, name, cfg, stream, prompt, out) -> dict:
     """One row of the report; writes the model's exported (and AOT-compiled) programs."""
     P, S = cfg.prompt_len, cfg.prompt_len + cfg.new_tokens
-    row = {"weights_bytes": weight_bytes(model)}
+    row = {"weights_bytes": weight_bytes(model), "linear_bytes": linear_weight_bytes(model)}
     row["val_ppl"] = perplexity_by_context(model, stream, [cfg.seq_len], cfg.eval_tokens)[
         cfg.seq_len
     ]
@@ -130,17 +138,17 @@ def measure_pt2e(base, name, cfg, stream, prompt, out) -> dict:
 
 def check_saved(row, name, programs, cfg, prompt, out, tokens, forced, ref) -> None:
     """Save, reload, time and compare each kind of program (exported; AOTInductor with
-    aoti=true): greedy tokens against the eager model's (exact), and teacher-forced logits
-    against ref (top-1 agreement ≥ 99% and max |Δlogit| ≤ 1e-2 of the logit range, the
-    criterion where int8 kernels cannot be bit-identical). Fills row in place."""
+    aoti=true; with executorch=true, for EXECUTORCH_MODES, the decode step lowered to
+    ExecuTorch/XNNPACK after the exported prefill): greedy tokens against the eager model's
+    (exact), and teacher-forced logits against ref (top-1 agreement ≥ 99% and max |Δlogit| ≤
+    1e-2 of the logit range, the criterion where int8 kernels cannot be bit-identical). Fills
+    row in place."""
     P, S = cfg.prompt_len, cfg.prompt_len + cfg.new_tokens
-    for kind in ("exported", "aoti") if cfg.aoti else ("exported",):
-        loaded = []
-        for part, program in zip(("prefill", "decode"), programs, strict=True):
-            path = out / program_file(name, part, kind)
-            save_program(program, path, aoti=kind == "aoti")
-            row[f"{kind}_{part}_file_bytes"] = path.stat().st_size
-            loaded.append(load_program(path, aoti=kind == "aoti"))
+    for kind in kinds(cfg, name):
+        loaded = [
+            saved_and_loaded(row, program, out, name, part, kind)
+            for part, program in zip(("prefill", "decode"), programs, strict=True)
+        ]
         greedy_with_programs(*loaded, prompt, 2, S)  # warm-up (first calls allocate)
         got, secs = timed(lambda p=loaded: greedy_with_programs(*p, prompt, cfg.new_tokens, S))
         row[f"{kind}_tok_s"] = cfg.new_tokens / secs
@@ -152,8 +160,34 @@ def check_saved(row, name, programs, cfg, prompt, out, tokens, forced, ref) -> N
         )
 
 
+def kinds(cfg, name: str) -> list[str]:
+    """The kinds of saved program a mode's row measures."""
+    return (
+        ["exported"]
+        + ["aoti"] * bool(cfg.aoti)
+        + ["executorch"] * bool(cfg.executorch and name in EXECUTORCH_MODES)
+    )
+
+
+def saved_and_loaded(row, program, out, name: str, part: str, kind: str):
+    """Write one program as kind and load it back (ExecuTorch's prefill: the exported one)."""
+    if kind == "executorch" and part == "prefill":
+        return load_program(out / program_file(name, part, "exported"))
+    path = out / program_file(name, part, kind)
+    if kind == "executorch":
+        save_executorch(program, path)
+    else:
+        save_program(program, path, aoti=kind == "aoti")
+    row[f"{kind}_{part}_file_bytes"] = path.stat().st_size
+    return (
+        load_executorch(path) if kind == "executorch" else load_program(path, aoti=kind == "aoti")
+    )
+
+
 def same(row: dict, kind: str) -> str:
     """Greedy tokens exact, and the teacher-forced agreement."""
+    if f"{kind}_agreement" not in row:
+        return "-"
     a, ok = row[f"{kind}_agreement"], "yes" if row[f"{kind}_matches_eager"] else "NO"
     exact = "exact, " if row[f"{kind}_exact"] else ""
     return f"{exact}top-1 {a['top1']:.3f}, Δ {a['max_dlogit_over_range']:.1e} {ok}"
@@ -169,8 +203,32 @@ def speed(row: dict, name: str, min_speedup: float) -> str:
     return f"{row['aoti_speedup']:.2f}× (≥{min_speedup:g}× {ok})"
 
 
+def linear_size(row: dict, fp32: dict, name: str) -> str:
+    """The linear layers' weights, fp32 bytes over the mode's, marked against
+    MIN_LINEAR_SIZE_RATIO (torchao modes; a PT2E program's linears are not separable)."""
+    if "linear_bytes" not in row:
+        return "-"
+    row["linear_size_ratio"] = ratio = fp32["linear_bytes"] / row["linear_bytes"]
+    target = MIN_LINEAR_SIZE_RATIO.get(name)
+    if target is None:
+        return f"{ratio:.2f}×"
+    row["meets_size_target"] = ratio >= target
+    return f"{ratio:.2f}× (≥{target:g}× {'yes' if ratio >= target else 'NO'})"
+
+
+def pte_size(row: dict, fp32: dict) -> str:
+    """The decode step's .pte file: MiB, and fp32's size over it (XNNPACK packs int4 weights two
+    to a byte, which torchao's CPU tensor does not)."""
+    if "executorch_decode_file_bytes" not in row:
+        return "-"
+    size = row["executorch_decode_file_bytes"]
+    row["pte_size_ratio"] = fp32.get("executorch_decode_file_bytes", float("nan")) / size
+    return f"{size / 2**20:.2f} ({row['pte_size_ratio']:.2f}× smaller)"
+
+
 def program_file(name: str, part: str, kind: str) -> str:
-    return f"{name}_{part}{'.aoti' if kind == 'aoti' else ''}.pt2"
+    suffix = {"exported": ".pt2", "aoti": ".aoti.pt2", "executorch": ".pte"}[kind]
+    return f"{name}_{part}{suffix}"
 
 
 @config.parse
@@ -183,7 +241,7 @@ def main(cfg: DictConfig) -> None:
         program_file(m, p, k)
         for m in ("fp32", *cfg.modes)
         for p in ("prefill", "decode")
-        for k in ("exported", "aoti")
+        for k in ("exported", "aoti", "executorch")
     ] + [f"{m}_model.pt" for m in cfg.modes if m in QUANT_MODES]
     out = fresh_outputs(cfg.output_dir, [*names, "quantize_report.md"], cfg.overwrite)
     torch.manual_seed(cfg.seed)
@@ -214,12 +272,14 @@ def main(cfg: DictConfig) -> None:
             r["meets_speed_target"] = name in PT2E_MODES and r["aoti_speedup"] >= min_speedup
         r["ppl_delta_pct"] = 100 * (r["val_ppl"] / fp32["val_ppl"] - 1)
         r["size_ratio"] = fp32["weights_bytes"] / r["weights_bytes"]
+        linears = linear_size(r, fp32, name)
         target = cfg.targets.get(name)
         r["meets_target"] = None if target is None else abs(r["ppl_delta_pct"]) <= target
         table_rows.append([
             name,
             f"{r['weights_bytes'] / 2**20:.2f}",
             f"{r['size_ratio']:.2f}×",
+            linears,
             r["val_ppl"],
             f"{r['ppl_delta_pct']:+.2f}%",
             "-" if target is None else f"≤{target}% {'yes' if r['meets_target'] else 'NO'}",
@@ -229,12 +289,15 @@ def main(cfg: DictConfig) -> None:
             f"{r['aoti_tok_s']:.0f}" if cfg.aoti else "-",
             speed(r, name, min_speedup),
             same(r, "aoti") if cfg.aoti else "-",
+            pte_size(r, fp32),
+            f"{r['executorch_tok_s']:.0f}" if "executorch_tok_s" in r else "-",
+            same(r, "executorch"),
             r.get("saved_pt_matches", "-"),
         ])  # fmt: skip
     header = [
-        "model", "weights MiB", "smaller", "val ppl", "Δ ppl", "target", "eager tok/s",
-        "exported tok/s", "reloaded = eager", "AOTI tok/s", "AOTI / fp32 AOTI", "AOTI = eager",
-        "saved .pt = eager",
+        "model", "weights MiB", "smaller", "linears smaller", "val ppl", "Δ ppl", "target",
+        "eager tok/s", "exported tok/s", "reloaded = eager", "AOTI tok/s", "AOTI / fp32 AOTI",
+        "AOTI = eager", ".pte MiB", "ExecuTorch tok/s", "ExecuTorch = eager", "saved .pt = eager",
     ]  # fmt: skip
     table = (
         f"{cfg.checkpoint}: validation perplexity on {cfg.eval_tokens:,} tokens (windows of "

@@ -170,11 +170,17 @@ def test_quantize_recipe(tmp_path):
     )
     assert "int8_weight_only" in stdout and "int8_dynamic" in stdout
     report = json.loads((out_dir / "quantize_report.json").read_text())
-    for mode in ("int8_weight_only", "int8_dynamic"):
+    for mode in ("int8_weight_only", "int8_dynamic", "int8_dynamic_int4"):
         assert report[mode]["exported_matches_eager"] is True
         assert report[mode]["size_ratio"] > 1.2
         assert (out_dir / f"{mode}_decode.pt2").is_file()
         assert report[mode]["saved_pt_matches"] is True
+    assert report["int8_dynamic_int4"]["linear_size_ratio"] > 3  # per row at the toy width
+    assert report["int8_dynamic_int4"]["pte_size_ratio"] > 1  # packed int4 in the .pte
+    for mode in ("fp32", "int8_dynamic_int4"):  # the decode step in ExecuTorch, after the prefill
+        assert report[mode]["executorch_matches_eager"] is True, report[mode]
+        assert (out_dir / f"{mode}_decode.pte").is_file()
+    assert "executorch_tok_s" not in report["int8_dynamic"]
     for mode in ("x86_int8_dynamic", "x86_int8_static"):  # PT2E: agreement, not bit-equality
         assert report[mode]["exported_matches_eager"] is True, report[mode]
         assert report[mode]["size_ratio"] > 1.2

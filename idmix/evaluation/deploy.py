@@ -19,39 +19,82 @@ from torch import nn
 
 from ..generation import release_caches
 
-QUANT_MODES = ("int8_weight_only", "int8_dynamic")
+QUANT_MODES = ("int8_weight_only", "int8_dynamic", "int8_dynamic_int4")
+INT4_GROUP_SIZE = 64  # int4 weights per scale: 1 + 5/64 bytes a weight, 3.7x under fp32
 
 
 def quantize_linears(model: nn.Module, mode: str) -> nn.Module:
-    """A copy of model whose nn.Linear weights are torchao int8 (``version=2`` configs):
-    int8_weight_only or int8_dynamic (int8 activations, per token, and int8 weights). Embeddings,
-    norms and the SSM parameters (Δ, A, C, mode weights) stay as they are (fp32)."""
+    """A copy of model whose nn.Linear weights are quantised by torchao: int8_weight_only,
+    int8_dynamic (int8 activations, per token, and int8 weights; both ``version=2``), or
+    int8_dynamic_int4 (int8 activations and symmetric int4 weights in groups of
+    :data:`INT4_GROUP_SIZE`, held one value per int8 byte: the size mode, whose fast runtime is
+    ExecuTorch's XNNPACK, ``idmix.evaluation.edge``). Embeddings, norms and the SSM parameters
+    (Δ, A, C, mode weights) stay as they are (fp32)."""
     from torchao.quantization import (
         Int8DynamicActivationInt8WeightConfig,
+        Int8DynamicActivationIntxWeightConfig,
         Int8WeightOnlyConfig,
+        PerAxis,
+        PerGroup,
         quantize_,
     )
 
-    configs = {
-        "int8_weight_only": lambda: Int8WeightOnlyConfig(version=2),
-        "int8_dynamic": lambda: Int8DynamicActivationInt8WeightConfig(version=2),
+    def int4(granularity):
+        return Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int4, weight_granularity=granularity
+        )
+
+    def grouped(m) -> bool:
+        return m.in_features % INT4_GROUP_SIZE == 0
+
+    # (config, which linears); int4 falls back to one scale per output row where the groups
+    # do not divide the input width
+    passes = {
+        "int8_weight_only": [(Int8WeightOnlyConfig(version=2), lambda m: True)],
+        "int8_dynamic": [(Int8DynamicActivationInt8WeightConfig(version=2), lambda m: True)],
+        "int8_dynamic_int4": [
+            (int4(PerGroup(INT4_GROUP_SIZE)), grouped),
+            (int4(PerAxis(0)), lambda m: not grouped(m)),
+        ],
     }
-    if mode not in configs:
+    if mode not in passes:
         raise ValueError(f"mode: expected one of {QUANT_MODES}, got {mode!r}")
     quantized = copy.deepcopy(model)
-    quantize_(quantized, configs[mode](), filter_fn=lambda m, _: isinstance(m, nn.Linear))
+    for cfg, which in passes[mode]:
+        quantize_(quantized, cfg, filter_fn=lambda m, _, w=which: _plain_linear(m) and w(m))
     return quantized
+
+
+def _plain_linear(module: nn.Module) -> bool:
+    """An nn.Linear whose weight quantize_ has not replaced yet."""
+    return isinstance(module, nn.Linear) and type(module.weight) is nn.Parameter
+
+
+def linear_weight_bytes(model: nn.Module) -> int:
+    """Bytes held by the nn.Linear weights: for a torchao tensor, its inner tensors (values,
+    scales, zero points)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            w = module.weight
+            inner = [getattr(w, n) for n in w.__tensor_flatten__()[0]] if _is_subclass(w) else [w]
+            total += sum(t.numel() * t.element_size() for t in inner)
+    return total
+
+
+def _is_subclass(t: torch.Tensor) -> bool:
+    return type(t) not in (torch.Tensor, nn.Parameter) and hasattr(t, "__tensor_flatten__")
 
 
 def quantized_tensor_types() -> list:
     """The classes a quantised state dict of :data:`QUANT_MODES` pickles, allowlisted by name for
     ``torch.load(weights_only=True)`` (nothing else in the file may name code)."""
-    from torchao.quantization import Int8Tensor, MappingType, PerRow
+    from torchao.quantization import Int8Tensor, IntxUnpackedToInt8Tensor, MappingType, PerRow
     from torchao.quantization.quantize_.workflows.int8.int8_tensor import (
         QuantizeTensorToInt8Kwargs,
     )
 
-    return [Int8Tensor, QuantizeTensorToInt8Kwargs, PerRow, MappingType]
+    return [Int8Tensor, QuantizeTensorToInt8Kwargs, PerRow, MappingType, IntxUnpackedToInt8Tensor]
 
 
 def save_quantized_model(path, model: nn.Module, model_config: dict, mode: str) -> Path:
