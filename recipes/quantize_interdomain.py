@@ -4,16 +4,19 @@ torch.export, save, reload and measure.
     tune run recipes/quantize_interdomain.py --config recipes/configs/quantize_tiny.yaml
 
 For fp32 and each mode (torchao int8_weight_only, int8_dynamic, int8_dynamic_int4; PT2E
-x86_int8_dynamic, x86_int8_static, ``idmix.evaluation.pt2e``): weight bytes (the whole model's
-and, for torchao modes, the linear layers' against the int4 target of ≥ 3.5× smaller),
-validation perplexity (and its change against fp32), greedy decode tokens/s (prompt included) of
-the eager model (``idmix.generate``; for PT2E the converted programs), of the reloaded
-torch.export programs, (aoti=true) of their AOTInductor-compiled packages (freezing on) and
-(executorch=true; fp32 and int8_dynamic_int4) of the decode step lowered to ExecuTorch/XNNPACK
-(``idmix.evaluation.edge``), and whether each reproduces the eager model: greedy tokens exactly,
-or teacher-forced top-1 agreement ≥ 99% and max |Δlogit| ≤ 1e-2 of the logit range. The
-AOTInductor decode speed-up over fp32 is marked against the target (≥ 1× at d ≤ 256, ≥ 2×
-wider).
+x86_int8_dynamic, x86_int8_static, ``idmix.evaluation.pt2e``):
+- weight bytes: the whole model's and, for torchao modes, the linear layers' (int4 target:
+  ≥ 3.5× smaller than fp32);
+- validation perplexity and its change against fp32;
+- greedy decode tokens/s (prompt included; the median of TIMING_ROUNDS runs) of the eager model
+  (``idmix.generate``; for PT2E the converted programs), of the reloaded torch.export programs,
+  (aoti=true) of their AOTInductor-compiled packages (freezing on) and (executorch=true; fp32
+  and int8_dynamic_int4) of the decode step lowered to ExecuTorch/XNNPACK
+  (``idmix.evaluation.edge``);
+- whether each reproduces the eager model: greedy tokens exactly, or teacher-forced top-1
+  agreement ≥ 99% and max |Δlogit| ≤ 1e-2 of the logit range;
+- the AOTInductor decode speed-up over fp32, marked against the target (≥ 1× at d ≤ 256, ≥ 2×
+  wider).
 Each quantised model is also saved as {mode}_model.pt (weights_only-loadable, torchao tensor
 types allowlisted: ``idmix.evaluation.deploy.load_quantized_model``) and reloaded to check its
 logits. Writes {model}_{prefill,decode}.pt2, {model}_{prefill,decode}.aoti.pt2,
@@ -23,6 +26,7 @@ logits. Writes {model}_{prefill,decode}.pt2, {model}_{prefill,decode}.aoti.pt2,
 from __future__ import annotations
 
 import io
+import statistics
 import sys
 import time
 
@@ -78,10 +82,17 @@ def weight_bytes(model) -> int:
     return buf.tell()
 
 
+TIMING_ROUNDS = 5  # greedy runs per timing; one run here varies by 2-4x from run to run
+
+
 def timed(fn) -> tuple[torch.Tensor, float]:
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
+    """(fn's output, the median seconds of TIMING_ROUNDS calls)."""
+    secs = []
+    for _ in range(TIMING_ROUNDS):
+        t0 = time.perf_counter()
+        out = fn()
+        secs.append(time.perf_counter() - t0)
+    return out, statistics.median(secs)
 
 
 def reloaded_matches(model, name, model_config, prompt, out) -> bool:
