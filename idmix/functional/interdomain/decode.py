@@ -184,12 +184,19 @@ def _eager_step_(q, k, v, lam_ri, beta_ri, G_hat, Z):
 
 def _read(q, G_hat, Z, R: int) -> torch.Tensor:
     """o = Re(Xᵛᴴ Ĝ p̂) with p = Xᵏ q, on the updated state Z (B, H, R+D, 2M) interleaved real:
-    q (B, H, R) or (B, H, r, R) -> o (B, H, D) or (B, H, r, D), in Z's dtype. Row-vector
-    products throughout: CPU BLAS is several times faster at x @ A than A @ x."""
-    rows = q.to(Z.dtype) if q.dim() == 4 else q.to(Z.dtype)[:, :, None, :]  # (B, H, r, R)
-    w = (rows @ Z[..., :R, :]) @ G_hat.to(Z.dtype).mT  # w̃ = Ĝ p̂
-    o = w @ Z[..., R:, :].mT  # Σ_m Re(Xᵛ)w_re + Im(Xᵛ)w_im
-    return o if q.dim() == 4 else o.squeeze(-2)
+    q (B, H, R) or (B, H, r, R) -> o (B, H, D) or (B, H, r, D), in Z's dtype. Three batched
+    row-vector GEMMs (CPU BLAS is several times faster at x @ A than A @ x), called as bmm on
+    3-dim views: ``matmul``'s broadcasting costs more than the GEMMs at decode sizes."""
+    B, H, C, M2 = Z.shape
+    rows = q.to(Z.dtype).reshape(B * H, -1, R)  # (B·H, r, R)
+    r = rows.shape[1]
+    Zf = Z.view(B * H, C, M2)
+    p = torch.bmm(rows, Zf[:, :R])  # p̂ (B·H, r, 2M)
+    by_head = p.view(B, H * r, M2) if B == 1 else p.view(B, H, r, M2).transpose(0, 1)
+    w = torch.bmm(by_head.reshape(H, B * r, M2), G_hat.to(Z.dtype).mT)  # w̃ = Ĝ p̂ per head
+    w = w.view(B * H, r, M2) if B == 1 else w.view(H, B, r, M2).transpose(0, 1).reshape(-1, r, M2)
+    o = torch.bmm(w, Zf[:, R:].mT)  # Σ_m Re(Xᵛ)w_re + Im(Xᵛ)w_im: (B·H, r, D)
+    return o.view(B, H, r, -1) if q.dim() == 4 else o.view(B, H, -1)
 
 
 def _torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z):
