@@ -5,11 +5,13 @@
 
 Rows: the decode step at B = 1 (tokens/s of one step with a state) and the prefill at B = 8
 (tokens/s over the prompt), for fp32, x86_int8_dynamic and x86_int8_static
-(``idmix.evaluation.pt2e``); random weights (speed does not depend on training); static ranges
-calibrated on random tokens. Targets (issue: quantised export): at the 125M width int8 decode
-≥ 2× fp32 at B = 1 and prefill ≥ 1.5× at B = 8; at d ≤ 256, int8 not slower than fp32.
-Each package is also checked against the converted program it was compiled from (teacher-forced
-top-1 agreement and max |Δlogit| over the logit range).
+(``idmix.evaluation.pt2e``), as AOTInductor packages; and the decode step of fp32 and of
+torchao's int8_dynamic_int4 lowered to ExecuTorch with XNNPACK (``idmix.evaluation.edge``;
+"vs fp32" against the fp32 AOTInductor package). Random weights (speed does not depend on
+training); static ranges calibrated on random tokens. Targets (issue: quantised export): at the
+125M width int8 decode ≥ 2× fp32 at B = 1 and prefill ≥ 1.5× at B = 8; at d ≤ 256, int8 not
+slower than fp32. Each program is also checked against the one it was compiled or lowered from
+(top-1 agreement and max |Δlogit| over the logit range, on one call).
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import blocked_medians, mark, print_table  # noqa: E402
 
 from idmix import models  # noqa: E402
-from idmix.evaluation.deploy import causal_mask, export_programs, load_program, save_program  # noqa: E402
+from idmix.evaluation.deploy import (  # noqa: E402
+    causal_mask,
+    export_programs,
+    load_program,
+    quantize_linears,
+    save_program,
+)
+from idmix.evaluation.edge import load_executorch, save_executorch  # noqa: E402
 from idmix.evaluation.pt2e import PT2E_MODES, agreement, quantize_program  # noqa: E402
 
 
@@ -71,6 +80,18 @@ def main() -> None:
                 runs[name, part] = lambda run=run, call=call: run(*call)
                 a = agreement(run(*call)[0], program.module()(*call)[0])
                 checks[name, part] = (a, compile_s)
+        for name in ("fp32", "int8_dynamic_int4"):  # the decode step in ExecuTorch (XNNPACK)
+            program = decode
+            if name != "fp32":
+                program = export_programs(quantize_linears(model, name), 1, P, S)[1]
+            path = Path(tmp) / f"{name}_decode.pte"
+            t0 = time.perf_counter()
+            save_executorch(program, path)
+            compile_s = time.perf_counter() - t0
+            run = load_executorch(path)
+            key = (f"executorch {name}", "decode")
+            runs[key] = lambda run=run: run(*dec_args)
+            checks[key] = (agreement(run(*dec_args)[0], program.module()(*dec_args)[0]), compile_s)
         # all packages timed round by round, so machine noise hits every mode alike
         seconds = blocked_medians(runs, calls=args.reps)
     speed = {key: (8 * P if key[1] == "prefill" else 1) / s for key, s in seconds.items()}
@@ -87,7 +108,7 @@ def main() -> None:
         f"AOTInductor + freezing, {torch.get_num_threads()} threads; prefill B = 8 × {P}"
     )
     header = ["mode", "program", "tokens/s", "vs fp32", "top-1 vs converted", "max|Δ|/range"]
-    print_table(title, [*header, "compile s"], rows)
+    print_table(title, [*header, "compile/lower s"], rows)
     wide = d > 256
     targets = []
     for name in PT2E_MODES:
