@@ -11,6 +11,7 @@ from idmix.evaluation.edge import EXECUTORCH_MODES, load_executorch, save_execut
 from tests.helpers import tiny_model
 
 
+@pytest.mark.slow  # ~15 s a mode, lowering; CI's slow tier (the recipe test lowers both too)
 @pytest.mark.parametrize("mode", EXECUTORCH_MODES)
 def test_lowered_decode_step_is_token_exact(mode, tmp_path):
     model, _ = tiny_model()
