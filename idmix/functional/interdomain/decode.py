@@ -192,9 +192,9 @@ def _read(q, G_hat, Z, R: int) -> torch.Tensor:
     r = rows.shape[1]
     Zf = Z.view(B * H, C, M2)
     p = torch.bmm(rows, Zf[:, :R])  # p̂ (B·H, r, 2M)
-    by_head = p.view(B, H * r, M2) if B == 1 else p.view(B, H, r, M2).transpose(0, 1)
-    w = torch.bmm(by_head.reshape(H, B * r, M2), G_hat.to(Z.dtype).mT)  # w̃ = Ĝ p̂ per head
-    w = w.view(B * H, r, M2) if B == 1 else w.view(H, B, r, M2).transpose(0, 1).reshape(-1, r, M2)
+    by_head = p.view(B, H, r, M2).transpose(0, 1).reshape(H, B * r, M2)  # a view when B = 1
+    w = torch.bmm(by_head, G_hat.to(Z.dtype).mT)  # w̃ = Ĝ p̂ per head
+    w = w.view(H, B, r, M2).transpose(0, 1).reshape(B * H, r, M2)
     o = torch.bmm(w, Zf[:, R:].mT)  # Σ_m Re(Xᵛ)w_re + Im(Xᵛ)w_im: (B·H, r, D)
     return o.view(B, H, r, -1) if q.dim() == 4 else o.view(B, H, -1)
 
