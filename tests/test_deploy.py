@@ -108,14 +108,15 @@ def test_quantized_model_file_loads_safely_and_equals_the_model(mode, tmp_path, 
 
 
 def test_int4_weights_are_grouped_and_under_a_third_of_fp32():
-    """int8_dynamic_int4: values in [-8, 7], one scale per INT4_GROUP_SIZE inputs where the
-    width divides (one per row otherwise), linear weights ≥ 3.5× smaller than fp32's."""
+    """int8_dynamic_int4: values in [-8, 7], one bf16 scale (XNNPACK's) per INT4_GROUP_SIZE
+    inputs where the width divides (one per row otherwise), linear weights ≥ 3.5× smaller."""
     model = nn.Sequential(nn.Linear(4 * INT4_GROUP_SIZE, 96), nn.Linear(96, 8))
     q = quantize_linears(model, "int8_dynamic_int4")
     grouped, per_row = q[0].weight, q[1].weight
     for w in (grouped, per_row):
         assert w.qdata.dtype == torch.int8 and -8 <= w.qdata.min() and w.qdata.max() <= 7
     assert grouped.scale.shape == (96, 4) and per_row.scale.shape == (8, 1)
+    assert grouped.scale.dtype == per_row.scale.dtype == torch.bfloat16
     wide = nn.Sequential(nn.Linear(8 * INT4_GROUP_SIZE, 64))
     assert (
         linear_weight_bytes(wide) / linear_weight_bytes(quantize_linears(wide, "int8_dynamic_int4"))
