@@ -109,6 +109,36 @@ def test_decode_step_compiles_once(mixer):
     check(f"model/{mixer}/decode_step", {"frames": cnt.frame_count, "ops": cnt.op_count})
 
 
+def test_decode_constants_follow_reset_caches():
+    """A compiled step reads λ, β and Ĝ from the snapshot setup_caches/reset_caches take (not
+    recomputed per token); after the weights change, reset_caches refreshes it in place: the
+    step matches eager with the new weights and does not recompile. The snapshot is not saved."""
+    model = tiny("interdomain")
+    tokens, mask = decode_setup(model)
+    eager_model = tiny("interdomain")  # the same weights and (reseeded) the same prompt
+    decode_setup(eager_model)
+    step = compiled(model, counter())
+    B = tokens.shape[0]
+
+    def both(t):
+        args = (tokens[:, t : t + 1],)
+        kw = dict(mask=mask[:, t : t + 1].clone(), input_pos=torch.full((B, 1), t))
+        return step(*args, **kw), eager_model(*args, **kw)
+
+    with torch.no_grad():
+        for t in (8, 9):
+            assert_rel(*both(t), 1e-4, f"step {t}")
+        torch.compiler.set_stance("fail_on_recompile")
+        for m in (model, eager_model):
+            for layer in m.layers:
+                layer.attn.ssm.C_re.mul_(1.5)
+                layer.attn.ssm.log_dt.add_(0.5)
+            m.reset_caches()
+        got, want = both(10)
+        assert_rel(got, want, 1e-4, "after the weights changed")
+    assert not any("decoding_" in k for k in model.state_dict())
+
+
 def test_generation_loop_compiled_equals_eager():
     """generate(compile=True): greedy tokens equal eager's, across ragged prompts."""
     model = tiny("interdomain").eval()

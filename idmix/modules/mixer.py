@@ -124,6 +124,18 @@ class SSMMixer(CachedMixer):
             device=self.output_proj.weight.device,
         )
         self.cache_enabled = True
+        self._snapshot_decoding()
+
+    def reset_cache(self) -> None:
+        """Zero the decoding state and snapshot the decoding constants (λ, β, Ĝ) anew."""
+        super().reset_cache()
+        self._snapshot_decoding()
+
+    def _snapshot_decoding(self) -> None:
+        """What a compiled or exported decode step reads instead of recomputing it per token
+        (``S4DCore.snapshot_decoding``); skipped on the meta device (no values yet)."""
+        if not self.ssm.C_re.is_meta:
+            self.ssm.snapshot_decoding(getattr(self.readout, "convention", None))
 
     def forward(self, x, y=None, *, mask=None, input_pos=None):
         """x: (B, T, d). mask is ignored (causality is in the recurrence); input_pos (B, T):

@@ -85,8 +85,8 @@ class QueryReadout(nn.Module):
         return o, final[::r]
 
     def step(self, q, a, b, core, state):
-        lam_ri, beta_ri = core.discretized_real()
-        G_hat = core.gram(self.convention)
+        lam_ri, beta_ri = core.decoding_real()
+        G_hat = core.decoding_gram(self.convention)
         if self.num_state_groups == self.num_heads:  # one query per state: the fused kernel
             return interdomain_decode_step_real(q, a, b, lam_ri, beta_ri, G_hat, state)
         grouped = q.unflatten(1, (self.num_state_groups, -1))  # (B, G, r, d_h)

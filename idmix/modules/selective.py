@@ -59,7 +59,7 @@ class SelectiveQueryReadout(QueryReadout):
 
     def step(self, q, a, b, core, state):
         lam_ri, beta_ri = self.decays(a[:, None], b[:, None], core)
-        G_hat = core.gram(self.convention)
+        G_hat = core.decoding_gram(self.convention)
         return interdomain_decode_step_real(q, a, b, lam_ri[:, 0], beta_ri[:, 0], G_hat, state)
 
 

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..functional import (
+    READOUTS,
     complex_A,
     discretize,
     discretize_real,
@@ -56,6 +57,9 @@ class S4DCore(nn.Module):
         self.C_re = nn.Parameter(torch.empty(num_heads, num_modes, num_modes))
         self.C_im = nn.Parameter(torch.empty(num_heads, num_modes, num_modes))
         self._memo = {}
+        # λ, β and Ĝ as of the last snapshot_decoding (non-persistent: not in the state dict)
+        for name in ("lam_ri", "beta_ri", *(f"gram_{r}" for r in READOUTS)):
+            self.register_buffer(f"decoding_{name}", None, persistent=False)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -99,16 +103,56 @@ class S4DCore(nn.Module):
 
     def discretized_real(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(lam_ri, beta_ri): (H, M, 2) fp32 real pairs, no complex tensor (compiles whole)."""
-        return self._memoised(
-            "real",
-            lambda: discretize_real(
-                torch.exp(self.log_dt.float()), self.log_A_real.float(), self.A_imag.float()
-            ),
-        )
+        return self._memoised("real", self._compute_real)
 
     def gram(self, readout: str) -> torch.Tensor:
         """Ĝ (H, 2M, 2M) fp32 real, interleaved (``readout_gram``), from C in real GEMMs."""
-        return self._memoised(
-            f"gram_{readout}",
-            lambda: readout_gram_real(self.C_re.float(), self.C_im.float(), readout),
+        return self._memoised(f"gram_{readout}", lambda: self._compute_gram(readout))
+
+    def _compute_real(self):
+        return discretize_real(
+            torch.exp(self.log_dt.float()), self.log_A_real.float(), self.A_imag.float()
         )
+
+    def _compute_gram(self, readout: str):
+        return readout_gram_real(self.C_re.float(), self.C_im.float(), readout)
+
+    # decoding constants ------------------------------------------------------------------------
+    @torch.no_grad()
+    def snapshot_decoding(self, readout: str | None = None) -> None:
+        """Compute λ, β and (for readout) Ĝ from the current weights and keep them as the
+        ``decoding_*`` buffers that compiled and exported decode steps read: traced, the memo of
+        :meth:`_memoised` is off, and Ĝ would be recomputed every token (an (H, 2M, 2M) GEMM of
+        C, M³ per head: more than the step itself). The mixer calls this from setup_cache and
+        reset_cache, so after changing the weights, reset the caches before compiled or
+        exported decoding (``generate`` sets them up on every call). Later snapshots write into
+        the same tensors, so a compiled step sees the same inputs and does not recompile."""
+        with torch.autocast(self.C_re.device.type, enabled=False):
+            lam_ri, beta_ri = self._compute_real()
+            fresh = {"lam_ri": lam_ri, "beta_ri": beta_ri}
+            if readout is not None:
+                fresh[f"gram_{readout}"] = self._compute_gram(readout)
+        for name, value in fresh.items():
+            current = getattr(self, f"decoding_{name}")
+            if current is not None and current.shape == value.shape:
+                current.copy_(value)
+            else:
+                setattr(self, f"decoding_{name}", value)
+
+    def decoding_real(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lam_ri, beta_ri) for a decode step: the snapshot when traced (compile, export) and
+        one was taken, else :meth:`discretized_real` (eager: memoised against the weights)."""
+        if self.decoding_lam_ri is not None and _traced():
+            return self.decoding_lam_ri, self.decoding_beta_ri
+        return self.discretized_real()
+
+    def decoding_gram(self, readout: str) -> torch.Tensor:
+        """Ĝ for a decode step, chosen as in :meth:`decoding_real`."""
+        snapshot = getattr(self, f"decoding_gram_{readout}", None)
+        if snapshot is not None and _traced():
+            return snapshot
+        return self.gram(readout)
+
+
+def _traced() -> bool:
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
