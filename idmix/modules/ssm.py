@@ -134,8 +134,8 @@ class S4DCore(nn.Module):
                 fresh[f"gram_{readout}"] = self._compute_gram(readout)
         for name, value in fresh.items():
             current = getattr(self, f"decoding_{name}")
-            if current is not None and current.shape == value.shape:
-                current.copy_(value)
+            if current is not None and (current.shape, current.dtype) == (value.shape, value.dtype):
+                current.copy_(value)  # (a model cast to bf16 after setup gets fp32 ones anew)
             else:
                 setattr(self, f"decoding_{name}", value)
 
