@@ -133,9 +133,11 @@ class SSMMixer(CachedMixer):
 
     def _snapshot_decoding(self) -> None:
         """What a compiled or exported decode step reads instead of recomputing it per token
-        (``S4DCore.snapshot_decoding``); skipped on the meta device (no values yet)."""
-        if not self.ssm.C_re.is_meta:
-            self.ssm.snapshot_decoding(getattr(self.readout, "convention", None))
+        (``S4DCore.snapshot_decoding``), for readouts that read Ĝ (the S4D-only one does not);
+        skipped on the meta device (no values yet)."""
+        convention = getattr(self.readout, "convention", None)
+        if convention is not None and not self.ssm.C_re.is_meta:
+            self.ssm.snapshot_decoding(convention)
 
     def forward(self, x, y=None, *, mask=None, input_pos=None):
         """x: (B, T, d). mask is ignored (causality is in the recurrence); input_pos (B, T):

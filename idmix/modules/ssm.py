@@ -119,8 +119,8 @@ class S4DCore(nn.Module):
 
     # decoding constants ------------------------------------------------------------------------
     @torch.no_grad()
-    def snapshot_decoding(self, readout: str | None = None) -> None:
-        """Compute λ, β and (for readout) Ĝ from the current weights and keep them as the
+    def snapshot_decoding(self, readout: str) -> None:
+        """Compute λ, β and readout's Ĝ from the current weights and keep them as the
         ``decoding_*`` buffers that compiled and exported decode steps read: traced, the memo of
         :meth:`_memoised` is off, and Ĝ would be recomputed every token (an (H, 2M, 2M) GEMM of
         C, M³ per head: more than the step itself). The mixer calls this from setup_cache and
@@ -129,9 +129,11 @@ class S4DCore(nn.Module):
         the same tensors, so a compiled step sees the same inputs and does not recompile."""
         with torch.autocast(self.C_re.device.type, enabled=False):
             lam_ri, beta_ri = self._compute_real()
-            fresh = {"lam_ri": lam_ri, "beta_ri": beta_ri}
-            if readout is not None:
-                fresh[f"gram_{readout}"] = self._compute_gram(readout)
+            fresh = {
+                "lam_ri": lam_ri,
+                "beta_ri": beta_ri,
+                f"gram_{readout}": self._compute_gram(readout),
+            }
         for name, value in fresh.items():
             current = getattr(self, f"decoding_{name}")
             if current is not None and (current.shape, current.dtype) == (value.shape, value.dtype):
