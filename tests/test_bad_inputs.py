@@ -19,7 +19,7 @@ from idmix.functional import (
 )
 from idmix.functional.interdomain import empty_state
 from idmix.generation import generate
-from idmix.modules import InterdomainAttention, SoftmaxAttention
+from idmix.modules import InterdomainAttention, S4DMixer, SoftmaxAttention
 from tests.helpers import make_problem, tiny_model
 
 B, T, H, R, D, M = 2, 5, 2, 3, 4, 3
@@ -107,14 +107,16 @@ CASES = {
     "step real lam": (lambda p: step(p, lam=p["lam"].real), TypeError, r"lam: expected a complex tensor"),
     "step G_hat wrong shape": (lambda p: step(p, G=torch.zeros(H, M, M)), ValueError, r"G_hat: expected \(H, 2M, 2M\)"),
     "step state not a tuple": (lambda p: step(p, state=torch.zeros(B, H, M, R)), TypeError, r"state: expected a tuple"),
-    "step bad backend": (lambda p: step(p, backend="cuda"), ValueError, r"backend: expected one of \('auto', 'torch', 'triton'\)"),
+    "step bad backend": (lambda p: step(p, backend="cuda"), ValueError, r"backend: expected one of \('auto', 'torch', 'triton', 'inductor'\)"),
     "step_real int query": (lambda p: step_real(p, q=p["q"][:, 0].long()), TypeError, r"q: expected a real floating tensor"),
     "step_real (B, 1, H, R) query": (lambda p: step_real(p, q=p["q"][:, :1]), ValueError, r"q: expected \(B, H, R\)"),
     "step_real complex state": (lambda p: step_real(p, state=torch.zeros(B, H, R + D, M, dtype=torch.complex64)), ValueError, r"state: expected a contiguous \(B, H, R\+D, 2M\) real"),
     "step_real state of other M": (lambda p: step_real(p, state=torch.zeros(B, H, R + D, 2 * M + 2)), ValueError, r"state: expected \(B, H, R\+D, 2M\) with M = 3"),
     # backends: one vocabulary, and triton on CPU names the interpreter
-    "core bad backend": (lambda p: core(p, backend="cuda"), ValueError, r"backend: expected one of \('auto', 'torch', 'triton'\)"),
+    "core bad backend": (lambda p: core(p, backend="cuda"), ValueError, r"backend: expected one of \('auto', 'torch', 'triton', 'inductor'\)"),
     "real bad backend": (lambda p: real(p, backend=None), ValueError, r"backend: expected one of"),
+    "layer bad backend": (lambda p: InterdomainAttention(8, 2, backend="cuda"), ValueError, r"backend: expected one of"),
+    "linear readout backend": (lambda p: S4DMixer(8, 2, backend="inductor"), ValueError, r"backend: the linear readout runs on PyTorch only"),
 }  # fmt: skip
 
 

@@ -3,6 +3,8 @@ outputs, final states and the gradients of every input."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from tests.helpers import TOL_FP32, TOL_FP64, assert_rel, make_problem
 GRAD_INPUTS = ("q", "k", "v", "lam", "beta", "C", "Xk0", "Xv0")
 
 
-def run(p, impl, readout, chunk_size=16, grads=True, seed=1, reset=None):
+def run(p, impl, readout, chunk_size=16, grads=True, seed=1, reset=None, backend="auto"):
     """Forward + backward of a fixed random functional of (o, final state)."""
     leaves = {
         n: p[n].detach().clone().requires_grad_(grads) for n in ("q", "k", "v", "lam", "beta", "C")
@@ -31,6 +33,7 @@ def run(p, impl, readout, chunk_size=16, grads=True, seed=1, reset=None):
         chunk_size=chunk_size,
         impl=impl,
         reset=reset,
+        backend=backend,
     )
     if not grads:
         return o, (Xk, Xv), None
@@ -175,3 +178,33 @@ def test_resets_equal_separate_sequences():
         dim=1,
     )
     assert_rel(o, ref, TOL_FP64, "packed")
+
+
+@pytest.fixture
+def dynamo_only(monkeypatch):
+    """backend="inductor"'s pieces traced by Dynamo but run eagerly (backend="eager"): the
+    traced code path (real-form complex arithmetic, padded shears, functional scans) without
+    Inductor's compile time."""
+    from idmix.functional.interdomain import chunked
+
+    def trace(piece):
+        return torch.compile(piece, backend="eager", fullgraph=True, dynamic=False)
+
+    monkeypatch.setattr(chunked, "_compiled", functools.cache(trace))
+
+
+@pytest.mark.parametrize("compiler", ["dynamo", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("T", [1, 90])
+def test_inductor_backend_matches_reference(T, compiler, request):
+    """backend="inductor" (each segment's math compiled by torch.compile) against the naive
+    recurrence in float64: a ragged tail, packed sequences across chunk edges, T = 1, and, traced
+    only (each compile costs Inductor ~10 s), segments of two chunks and of one; outputs, final
+    states and every gradient."""
+    if compiler == "dynamo":
+        request.getfixturevalue("dynamo_only")
+        request.getfixturevalue("small_segments")
+    p = make_problem(B=2, T=T, H=2, R=3, D=4, M=5)
+    reset = random_resets(2, T, seed=3) if T > 1 else None
+    ref = run(p, "naive", "conj", reset=reset)
+    got = run(p, "chunked", "conj", chunk_size=8, reset=reset, backend="inductor")
+    compare(got, ref, TOL_FP64, f"inductor ({compiler})")

@@ -57,12 +57,17 @@ def ssm_mixer(
     calibration: str = "global",
     output_norm: bool = False,
     value_conv: bool = False,
+    backend: str = "auto",
 ) -> SSMMixer:
     """dual_kv: input halves [feature_map(SC(W_K x)), W_V x] (Interdomain) instead of the
     generic [SC(W_a x), SC(W_b x)]; query_readout: o = Re(Γᴴ U ξ(q)), q = feature_map(SC(W_Q x))
     (Interdomain) instead of the linear S4D-only readout with its d × d C_out. use_rope: on the
     query and the first input half, at ``rope_position``. Both halves go through N+b and one
-    per-head S4D core. Grouped state (num_state_groups G < H) needs the query readout."""
+    per-head S4D core. Grouped state (num_state_groups G < H) needs the query readout.
+    backend (query readout only): of its core op and decode step, one of
+    ``idmix.functional.interdomain.validation.BACKENDS``; "inductor" compiles the training
+    path's segment math with torch.compile on first use per length (CPU training ~1.3x faster
+    in the op, compiled model or not)."""
     _check_positive(embed_dim=embed_dim, num_heads=num_heads, num_modes=num_modes)
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim: {embed_dim} is not divisible by num_heads={num_heads}")
@@ -76,9 +81,11 @@ def ssm_mixer(
             f"num_state_groups: expected a divisor of num_heads={num_heads} (query readout "
             f"only), got {num_state_groups!r} with query_readout={query_readout}"
         )
+    if backend != "auto" and not query_readout:
+        raise ValueError(f"backend: the linear readout runs on PyTorch only, got {backend!r}")
     rope_in_branch = use_rope and rope_position == "before_feature_map"
     readout = (
-        QueryReadout(H, G, readout_convention, chunk_size)
+        QueryReadout(H, G, readout_convention, chunk_size, backend)
         if query_readout
         else LinearReadout(H, num_modes)
     )

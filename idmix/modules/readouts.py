@@ -25,7 +25,7 @@ from ..functional import (
     s4d_linear_step,
     state_to_interleaved,
 )
-from ..functional.interdomain.validation import check_chunk_size
+from ..functional.interdomain.validation import check_backend, check_chunk_size
 
 
 class QueryReadout(nn.Module):
@@ -40,7 +40,12 @@ class QueryReadout(nn.Module):
     needs_query = True
 
     def __init__(
-        self, num_heads: int, num_state_groups: int, convention: str = "conj", chunk_size=64
+        self,
+        num_heads: int,
+        num_state_groups: int,
+        convention: str = "conj",
+        chunk_size=64,
+        backend: str = "auto",
     ):
         super().__init__()
         if convention not in READOUTS:
@@ -51,8 +56,9 @@ class QueryReadout(nn.Module):
                 f"{num_state_groups!r}"
             )
         check_chunk_size(chunk_size)
+        check_backend(backend)
         self.num_heads, self.num_state_groups = num_heads, num_state_groups
-        self.convention, self.chunk_size = convention, chunk_size
+        self.convention, self.chunk_size, self.backend = convention, chunk_size, backend
 
     def forward(self, q, a, b, core, state=None, reset=None):
         lam_ri, beta_ri = core.discretized_real()
@@ -60,7 +66,16 @@ class QueryReadout(nn.Module):
         r = self.num_heads // self.num_state_groups
         if r == 1:
             return interdomain_attention_real(
-                q, a, b, lam_ri, beta_ri, G_hat, state, chunk_size=self.chunk_size, reset=reset
+                q,
+                a,
+                b,
+                lam_ri,
+                beta_ri,
+                G_hat,
+                state,
+                chunk_size=self.chunk_size,
+                reset=reset,
+                backend=self.backend,
             )
         # grouped state: the r query heads of a group become r batch replicas sharing one state
         B, T, H, d_h = q.shape
@@ -80,6 +95,7 @@ class QueryReadout(nn.Module):
             None if state is None else replicate(state),
             chunk_size=self.chunk_size,
             reset=None if reset is None else replicate(reset),
+            backend=self.backend,
         )
         o = o.unflatten(0, (B, r)).permute(0, 2, 3, 1, 4).flatten(2, 3)  # (B, T, H, d_h)
         return o, final[::r]
@@ -88,9 +104,13 @@ class QueryReadout(nn.Module):
         lam_ri, beta_ri = core.decoding_real()
         G_hat = core.decoding_gram(self.convention)
         if self.num_state_groups == self.num_heads:  # one query per state: the fused kernel
-            return interdomain_decode_step_real(q, a, b, lam_ri, beta_ri, G_hat, state)
+            return interdomain_decode_step_real(
+                q, a, b, lam_ri, beta_ri, G_hat, state, backend=self.backend
+            )
         grouped = q.unflatten(1, (self.num_state_groups, -1))  # (B, G, r, d_h)
-        o = interdomain_decode_step_real(grouped, a, b, lam_ri, beta_ri, G_hat, state)
+        o = interdomain_decode_step_real(
+            grouped, a, b, lam_ri, beta_ri, G_hat, state, backend=self.backend
+        )
         return o.flatten(1, 2)  # (B, H, d_h)
 
 

@@ -30,8 +30,15 @@ class SelectiveQueryReadout(QueryReadout):
 
     param_group = "ssm"
 
-    def __init__(self, num_heads: int, head_dim: int, convention: str = "conj", chunk_size=64):
-        super().__init__(num_heads, num_heads, convention, chunk_size)
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        convention: str = "conj",
+        chunk_size=64,
+        backend: str = "auto",
+    ):
+        super().__init__(num_heads, num_heads, convention, chunk_size, backend)
         self.dt_weight = nn.Parameter(torch.zeros(num_heads, 2 * head_dim))
 
     def decays(self, a, b, core):
@@ -55,12 +62,15 @@ class SelectiveQueryReadout(QueryReadout):
             state,
             chunk_size=self.chunk_size,
             reset=reset,
+            backend=self.backend,
         )
 
     def step(self, q, a, b, core, state):
         lam_ri, beta_ri = self.decays(a[:, None], b[:, None], core)
         G_hat = core.decoding_gram(self.convention)
-        return interdomain_decode_step_real(q, a, b, lam_ri[:, 0], beta_ri[:, 0], G_hat, state)
+        return interdomain_decode_step_real(
+            q, a, b, lam_ri[:, 0], beta_ri[:, 0], G_hat, state, backend=self.backend
+        )
 
 
 def SelectiveInterdomainAttention(embed_dim: int, num_heads: int, **options) -> SSMMixer:  # noqa: N802
@@ -72,6 +82,6 @@ def SelectiveInterdomainAttention(embed_dim: int, num_heads: int, **options) -> 
     mixer = ssm_mixer(embed_dim, num_heads, dual_kv=True, query_readout=True, **options)
     shared = mixer.readout
     mixer.readout = SelectiveQueryReadout(
-        num_heads, mixer.head_dim, shared.convention, shared.chunk_size
+        num_heads, mixer.head_dim, shared.convention, shared.chunk_size, shared.backend
     )
     return mixer

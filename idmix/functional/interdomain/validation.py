@@ -12,7 +12,9 @@ from ...debug import check_values
 from ..readout import READOUTS
 
 State = tuple[torch.Tensor, torch.Tensor]
-BACKENDS = ("auto", "torch", "triton")  # every op: "auto" picks triton for CUDA fp32 tensors
+# Every op: "auto" picks triton for CUDA fp32 tensors; "inductor" is "torch" with the chunked
+# op's segment math (shared decays) compiled by torch.compile on first use per shape.
+BACKENDS = ("auto", "torch", "triton", "inductor")
 
 
 class Dims(NamedTuple):
