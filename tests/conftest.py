@@ -1,3 +1,4 @@
+import functools
 import os
 
 import pytest
@@ -33,3 +34,21 @@ def small_segments(monkeypatch):
     from idmix.functional.interdomain import chunked
 
     monkeypatch.setattr(chunked, "SEGMENT_TOKENS", 16)
+
+
+@pytest.fixture
+def dynamo_only(monkeypatch):
+    """backend="inductor"'s pieces traced by Dynamo but run eagerly (backend="eager"): the
+    traced code path (real-form complex arithmetic, padded shears, functional scans) without
+    Inductor's compile time. Yields the names of the piece functions traced so far."""
+    from idmix.functional.interdomain import chunked
+
+    traced = []
+
+    @functools.cache
+    def trace(piece):
+        traced.append(piece.__name__)
+        return torch.compile(piece, backend="eager", fullgraph=True, dynamic=False)
+
+    monkeypatch.setattr(chunked, "_compiled", trace)
+    yield traced

@@ -3,8 +3,6 @@ outputs, final states and the gradients of every input."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -178,19 +176,6 @@ def test_resets_equal_separate_sequences():
         dim=1,
     )
     assert_rel(o, ref, TOL_FP64, "packed")
-
-
-@pytest.fixture
-def dynamo_only(monkeypatch):
-    """backend="inductor"'s pieces traced by Dynamo but run eagerly (backend="eager"): the
-    traced code path (real-form complex arithmetic, padded shears, functional scans) without
-    Inductor's compile time."""
-    from idmix.functional.interdomain import chunked
-
-    def trace(piece):
-        return torch.compile(piece, backend="eager", fullgraph=True, dynamic=False)
-
-    monkeypatch.setattr(chunked, "_compiled", functools.cache(trace))
 
 
 @pytest.mark.parametrize("compiler", ["dynamo", pytest.param("inductor", marks=pytest.mark.slow)])
