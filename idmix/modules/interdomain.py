@@ -14,6 +14,7 @@ def InterdomainAttention(embed_dim: int, num_heads: int, **options) -> SSMMixer:
     Options (``ssm_mixer``): use_rope (default on), gate (σ(W_g x) ⊙ o, default off),
     readout_convention "conj" (default) or "product", num_modes M (default 64), chunk_size of
     the training path, feature_map (default ξ), num_state_groups, rope_position, dt_min,
-    dt_max, a_init, calibration, output_norm, value_conv, rope_base, norm_eps.
+    dt_max, a_init, calibration, output_norm, value_conv, rope_base, norm_eps, backend of the
+    core op ("auto", "torch", "triton", or "inductor": its segment math compiled on first use).
     """
     return ssm_mixer(embed_dim, num_heads, dual_kv=True, query_readout=True, **options)
