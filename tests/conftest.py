@@ -40,15 +40,17 @@ def small_segments(monkeypatch):
 def dynamo_only(monkeypatch):
     """backend="inductor"'s pieces traced by Dynamo but run eagerly (backend="eager"): the
     traced code path (real-form complex arithmetic, padded shears, functional scans) without
-    Inductor's compile time. Yields the names of the piece functions traced so far."""
+    Inductor's compile time; fullgraph, so that a graph break fails. Dynamo's caches start
+    empty (the recompile limit counts per function). Yields the names of the pieces traced."""
     from idmix.functional.interdomain import chunked
 
+    torch._dynamo.reset()
     traced = []
 
     @functools.cache
-    def trace(piece):
+    def trace(piece, **options):
         traced.append(piece.__name__)
-        return torch.compile(piece, backend="eager", fullgraph=True, dynamic=False)
+        return torch.compile(piece, **options, fullgraph=True, backend="eager")
 
-    monkeypatch.setattr(chunked, "_compiled", trace)
+    monkeypatch.setattr(chunked, "compiled", trace)
     yield traced

@@ -66,8 +66,8 @@ def ssm_mixer(
     per-head S4D core. Grouped state (num_state_groups G < H) needs the query readout.
     backend (query readout only): of its core op and decode step, one of
     ``idmix.functional.interdomain.validation.BACKENDS``; "inductor" compiles the training
-    path's segment math with torch.compile on first use per length (CPU training ~1.3x faster
-    in the op, compiled model or not)."""
+    path's segment math with torch.compile on first use per length (the op's forward+backward
+    1.2-1.3x faster on CPU, compiled model or not)."""
     _check_positive(embed_dim=embed_dim, num_heads=num_heads, num_modes=num_modes)
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim: {embed_dim} is not divisible by num_heads={num_heads}")

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .compiled import compiled, have_cxx
 from .decays import ChunkDecays, chunk_decays
 from .realform import as_complex as _c
 from .realform import as_interleaved as _r
@@ -118,7 +119,8 @@ def _scan(inc, Z0, c, masks=None, kernels=None):
         for j in range(N):
             S.append(cmul(_carry(c, masks, j), S[-1]) + inc[:, :, j])
         return torch.stack(S[:-1], 2), S[-1]
-    inc, c, starts = _c(inc), _c(c), torch.empty_like(_c(inc))
+    inc, c = _c(inc), _c(c)
+    starts = torch.empty_like(inc)
     starts[:, :, 0] = _c(Z0)
     for j in range(N - 1):
         torch.addcmul(inc[:, :, j], _carry(c, masks, j), starts[:, :, j], out=starts[:, :, j + 1])
@@ -407,26 +409,25 @@ def _backward_piece(q, k, v, start, end, chunk, G_hat, Z0, do, dZ_end, reset, ke
     return dq, dzT, *d_decays, dG, dZ0
 
 
-@functools.cache
-def _compiled(piece):
-    """A piece function compiled by Inductor, once per process and input shape (a run at one
-    length meets at most three: a full segment, a shorter last one and the ragged tail). Static
-    shapes: a dynamic graph would also take the full segments, slower. Past Dynamo's recompile
-    limit (8 shapes) the pieces run eagerly, with a warning from torch."""
-    return torch.compile(piece, fullgraph=True, dynamic=False)
-
-
-def _runner(piece, backend: str, kernels):
-    """The piece function as the backend runs it: "inductor", compiled by torch.compile (the
-    same PyTorch math, its glue fused around the GEMMs: 1.3-1.4x the eager pieces on CPU at
-    512-token segments; each new piece shape compiles first, ~15 s per direction on 2 cores);
-    else eager, on the Triton kernels where kernels_for gives them."""
-    return _compiled(piece) if backend == "inductor" else functools.partial(piece, kernels=kernels)
+def _runner(piece, backend: str, x: torch.Tensor):
+    """The piece function as the backend runs it for x: "inductor", compiled by torch.compile
+    (the same PyTorch math, its glue fused around the GEMMs: 1.3-1.4x the eager pieces on CPU
+    at 512-token segments). Compiled once per process and input shape (a run at one length
+    meets at most three: a full segment, a shorter last one and the ragged tail), ~15 s per
+    direction on 2 cores; static shapes, since a dynamic graph would also take the full
+    segments, slower. Not fullgraph (the pieces trace whole: tested), so that past Dynamo's
+    recompile limit (8 shapes: evaluation at many lengths) they run eagerly with torch's warning
+    instead of failing. Else eager, on the Triton kernels where kernels_for gives them."""
+    if backend != "inductor":
+        return functools.partial(piece, kernels=kernels_for(x, backend))
+    if not x.is_cuda and not have_cxx():
+        raise RuntimeError("backend: 'inductor' on CPU needs a C++ compiler (g++ or clang++)")
+    return compiled(piece, dynamic=False)
 
 
 def _forward_impl(q, k, v, main, tail, G_hat, Z0, L, reset=None, backend="auto"):
     B, T, H, _ = q.shape
-    forward_piece = _runner(_forward_piece, backend, kernels_for(q, backend))
+    forward_piece = _runner(_forward_piece, backend, q)
     decays = _decays_by_len(L, T, main, tail)
     o = q.new_empty(B, T, H, v.shape[-1])
     Z, starts = Z0.contiguous(), []
@@ -442,7 +443,7 @@ def _forward_impl(q, k, v, main, tail, G_hat, Z0, L, reset=None, backend="auto")
 
 def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L, reset=None, backend="auto"):
     T, R = q.shape[1], q.shape[-1]
-    backward_piece = _runner(_backward_piece, backend, kernels_for(q, backend))
+    backward_piece = _runner(_backward_piece, backend, q)
     decays = _decays_by_len(L, T, main, tail)
     d_decays = {Lp: [torch.zeros_like(t) for t in d] for Lp, d in decays.items()}
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

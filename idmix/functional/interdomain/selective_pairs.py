@@ -23,10 +23,9 @@ within the chunk (pairs in different documents are cut), or None.
 
 from __future__ import annotations
 
-import functools
-import shutil
-
 import torch
+
+from .compiled import compiled, have_cxx
 
 
 def _kernel(rho: torch.Tensor, doc: torch.Tensor | None) -> torch.Tensor:
@@ -65,19 +64,9 @@ def pair_tsums(W, rho, doc, xr, xi):
     return (KW * xr[..., :, None, :]).sum((-4, -3)), (KW * xi[..., :, None, :]).sum((-4, -3))
 
 
-@functools.cache
-def _compiled(fn):
-    return torch.compile(fn, dynamic=True)
-
-
 def fused(fn, x: torch.Tensor):
     """fn through Inductor for CPU tensors outside a compiled region (where a C++ compiler is
     found), else fn itself."""
-    if x.is_cuda or torch.compiler.is_compiling() or not _have_cxx():
+    if x.is_cuda or torch.compiler.is_compiling() or not have_cxx():
         return fn
-    return _compiled(fn)
-
-
-@functools.cache
-def _have_cxx() -> bool:
-    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+    return compiled(fn, dynamic=True)
