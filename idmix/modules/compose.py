@@ -58,6 +58,7 @@ def ssm_mixer(
     output_norm: bool = False,
     value_conv: bool = False,
     backend: str = "auto",
+    precision: str = "auto",
 ) -> SSMMixer:
     """dual_kv: input halves [feature_map(SC(W_K x)), W_V x] (Interdomain) instead of the
     generic [SC(W_a x), SC(W_b x)]; query_readout: o = Re(Γᴴ U ξ(q)), q = feature_map(SC(W_Q x))
@@ -67,7 +68,8 @@ def ssm_mixer(
     backend (query readout only): of its core op and decode step, one of
     ``idmix.functional.interdomain.validation.BACKENDS``; "inductor" compiles the training
     path's segment math with torch.compile on first use per length (the op's forward+backward
-    1.2-1.3x faster on CPU, compiled model or not)."""
+    1.2-1.3x faster on CPU, compiled model or not). precision (query readout only): of the core
+    op's matrix products, "ieee", "tf32", "bf16" or "auto" (``interdomain_attention``)."""
     _check_positive(embed_dim=embed_dim, num_heads=num_heads, num_modes=num_modes)
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim: {embed_dim} is not divisible by num_heads={num_heads}")
@@ -83,9 +85,11 @@ def ssm_mixer(
         )
     if backend != "auto" and not query_readout:
         raise ValueError(f"backend: the linear readout runs on PyTorch only, got {backend!r}")
+    if precision != "auto" and not query_readout:
+        raise ValueError(f"precision: the linear readout has no matrix products, got {precision!r}")
     rope_in_branch = use_rope and rope_position == "before_feature_map"
     readout = (
-        QueryReadout(H, G, readout_convention, chunk_size, backend)
+        QueryReadout(H, G, readout_convention, chunk_size, backend, precision)
         if query_readout
         else LinearReadout(H, num_modes)
     )

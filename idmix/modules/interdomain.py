@@ -15,6 +15,7 @@ def InterdomainAttention(embed_dim: int, num_heads: int, **options) -> SSMMixer:
     readout_convention "conj" (default) or "product", num_modes M (default 64), chunk_size of
     the training path, feature_map (default ξ), num_state_groups, rope_position, dt_min,
     dt_max, a_init, calibration, output_norm, value_conv, rope_base, norm_eps, backend of the
-    core op ("auto", "torch", "triton", or "inductor": its segment math compiled on first use).
+    core op ("auto", "torch", "triton", or "inductor": its segment math compiled on first use),
+    precision of its matrix products ("auto", "ieee", "tf32", "bf16": docs/precision.md).
     """
     return ssm_mixer(embed_dim, num_heads, dual_kv=True, query_readout=True, **options)

@@ -25,6 +25,7 @@ from ..functional import (
     s4d_linear_step,
     state_to_interleaved,
 )
+from ..functional.interdomain.precision import check_precision
 from ..functional.interdomain.validation import check_backend, check_chunk_size
 
 
@@ -46,6 +47,7 @@ class QueryReadout(nn.Module):
         convention: str = "conj",
         chunk_size=64,
         backend: str = "auto",
+        precision: str = "auto",
     ):
         super().__init__()
         if convention not in READOUTS:
@@ -57,8 +59,10 @@ class QueryReadout(nn.Module):
             )
         check_chunk_size(chunk_size)
         check_backend(backend)
+        check_precision(precision)
         self.num_heads, self.num_state_groups = num_heads, num_state_groups
         self.convention, self.chunk_size, self.backend = convention, chunk_size, backend
+        self.precision = precision
 
     def forward(self, q, a, b, core, state=None, reset=None):
         lam_ri, beta_ri = core.discretized_real()
@@ -76,6 +80,7 @@ class QueryReadout(nn.Module):
                 chunk_size=self.chunk_size,
                 reset=reset,
                 backend=self.backend,
+                precision=self.precision,
             )
         # grouped state: the r query heads of a group become r batch replicas sharing one state
         B, T, H, d_h = q.shape
@@ -96,6 +101,7 @@ class QueryReadout(nn.Module):
             chunk_size=self.chunk_size,
             reset=None if reset is None else replicate(reset),
             backend=self.backend,
+            precision=self.precision,
         )
         o = o.unflatten(0, (B, r)).permute(0, 2, 3, 1, 4).flatten(2, 3)  # (B, T, H, d_h)
         return o, final[::r]

@@ -37,8 +37,9 @@ class SelectiveQueryReadout(QueryReadout):
         convention: str = "conj",
         chunk_size=64,
         backend: str = "auto",
+        precision: str = "auto",
     ):
-        super().__init__(num_heads, num_heads, convention, chunk_size, backend)
+        super().__init__(num_heads, num_heads, convention, chunk_size, backend, precision)
         self.dt_weight = nn.Parameter(torch.zeros(num_heads, 2 * head_dim))
 
     def decays(self, a, b, core):
@@ -63,6 +64,7 @@ class SelectiveQueryReadout(QueryReadout):
             chunk_size=self.chunk_size,
             reset=reset,
             backend=self.backend,
+            precision=self.precision,
         )
 
     def step(self, q, a, b, core, state):
@@ -82,6 +84,7 @@ def SelectiveInterdomainAttention(embed_dim: int, num_heads: int, **options) -> 
     mixer = ssm_mixer(embed_dim, num_heads, dual_kv=True, query_readout=True, **options)
     shared = mixer.readout
     mixer.readout = SelectiveQueryReadout(
-        num_heads, mixer.head_dim, shared.convention, shared.chunk_size, shared.backend
-    )
+        num_heads, mixer.head_dim, shared.convention, shared.chunk_size, shared.backend,
+        shared.precision,
+    )  # fmt: skip
     return mixer

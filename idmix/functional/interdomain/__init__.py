@@ -10,6 +10,7 @@ from .closed_form import interdomain_attention_closed_form
 from .decode import empty_state, interdomain_decode_step, interdomain_decode_step_real
 from .naive import interdomain_attention_naive
 from .nonfinite import poison_output, poison_state, sanitise
+from .precision import resolve_precision
 from .realform import interleaved_to_state, state_to_interleaved
 from .selective import SELECTIVE_CHUNK, selective_chunked
 from .validation import (
@@ -37,7 +38,7 @@ def _compute_dtype(q: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
     return torch.float32, torch.complex64
 
 
-def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset, backend):
+def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset, backend, precision):
     R = q.shape[-1]
     _, cdtype = _compute_dtype(q)
     Z0 = None
@@ -54,14 +55,16 @@ def _chunked(q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset, b
         chunk_size,
         reset,
         backend,
+        precision,
     )
     return o, interleaved_to_state(Z, R)
 
 
-def _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, backend):
+def _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, backend, precision):
     B, T, H, R = q.shape
     D, M = v.shape[-1], lam_ri.shape[-2]
     rdtype, _ = _compute_dtype(q)
+    precision = resolve_precision(precision, q)
     q_, k_, v_ = (x.to(rdtype) for x in (q, k, v))
     Z0 = q_.new_zeros(B, H, R + D, 2 * M) if Z0 is None else Z0.to(rdtype)
     G = G_hat.to(rdtype)
@@ -69,10 +72,10 @@ def _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, backen
         L = min(chunk_size, SELECTIVE_CHUNK)
         lam_, beta_ = lam_ri.to(rdtype), beta_ri.to(rdtype)
         kernels = kernels_for(q_, backend)
-        o, Z = selective_chunked(q_, k_, v_, lam_, beta_, G, Z0, L, reset, kernels)
+        o, Z = selective_chunked(q_, k_, v_, lam_, beta_, G, Z0, L, reset, kernels, precision)
         return o.to(q.dtype), Z
-    decays = chunk_decay_inputs(lam_ri.to(rdtype), beta_ri.to(rdtype), T, chunk_size)
-    o, Z, _ = chunked_forward(q_, k_, v_, list(decays), G, Z0, reset, chunk_size, backend)
+    decays = list(chunk_decay_inputs(lam_ri.to(rdtype), beta_ri.to(rdtype), T, chunk_size))
+    o, Z, _ = chunked_forward(q_, k_, v_, decays, G, Z0, reset, chunk_size, backend, precision)
     return o.to(q.dtype), Z
 
 
@@ -88,6 +91,7 @@ def interdomain_attention_real(
     chunk_size: int = 64,
     reset: torch.Tensor | None = None,
     backend: str = "auto",
+    precision: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunked op on real-form parameters and state, with no complex tensor anywhere: the
     entry point the layers use, so that Inductor (which has no complex codegen) compiles them.
@@ -98,7 +102,7 @@ def interdomain_attention_real(
     (``readout_gram_real``);
     initial_state: (B, H, R+D, 2M) interleaved real state (rows: the R key then the D value
     channels; columns: re₀, im₀, re₁, …), zeros if None; reset and backend as in
-    ``interdomain_attention``.
+    ``interdomain_attention``; precision as there.
     Returns (o: (B, T, H, D) in q's dtype, final state: (B, H, R+D, 2M) fp32 (fp64)).
     """
     B, T, H, R, D = check_qkv(q, k, v)
@@ -111,6 +115,7 @@ def interdomain_attention_real(
     check_chunk_size(chunk_size)
     check_reset(reset, B, T)
     check_backend(backend, q)
+    resolve_precision(precision, q)
     check_devices(
         "q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, initial_state=initial_state,
         reset=reset,
@@ -119,7 +124,7 @@ def interdomain_attention_real(
     q, k, v, initial_state, poison = sanitise(q, k, v, reset, initial_state)
     with torch.autocast(q.device.type, enabled=False):
         o, state = _chunked_real(
-            q, k, v, lam_ri, beta_ri, G_hat, initial_state, chunk_size, reset, backend
+            q, k, v, lam_ri, beta_ri, G_hat, initial_state, chunk_size, reset, backend, precision
         )
     return poison_output(o, poison), poison_state(state, poison)
 
@@ -159,6 +164,7 @@ def interdomain_attention(
     impl: str = "chunked",
     reset: torch.Tensor | None = None,
     backend: str = "auto",
+    precision: str = "auto",
 ):
     """Interdomain Attention core (docs/design.md §1 steps 6–7) over a whole sequence.
 
@@ -177,21 +183,30 @@ def interdomain_attention(
     reset: (B, T) bool or None. True where a new sequence starts: the state (the initial state
     included) is zeroed before that position, so packed sequences run as if separate; the final
     state is that of each row's last sequence.
+    precision (impl "chunked"): of its matrix products, "ieee" (fp32), "tf32" or "bf16"
+    (operands rounded, fp32 accumulation: the GPU's tensor cores; emulated on CPU), or "auto":
+    ``precision.GPU_DEFAULT`` on CUDA, "ieee" elsewhere (docs/precision.md: the errors of each).
     """
     check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size)
     check_reset(reset, *q.shape[:2])
     check_devices("q", q, reset=reset)
     check_backend(backend, q)
+    resolve_precision(precision, q)
+    if impl != "chunked" and precision not in ("auto", "ieee"):
+        raise ValueError(f"precision: {precision!r} applies to impl='chunked' only, got {impl!r}")
     # The SSM runs in fp32 (fp64) whatever the ambient autocast: states and accumulators of a
     # long recurrence do not survive bf16. Inputs are upcast here and o is cast back.
     with torch.autocast(q.device.type, enabled=False):
         o, state = _dispatch(
-            q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend
-        )
+            q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend,
+            precision,
+        )  # fmt: skip
     return (o, state) if return_final_state else o
 
 
-def _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend):
+def _dispatch(
+    q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend, precision
+):
     """naive runs literally (the reference); the others see sanitised inputs (``nonfinite``):
     products over chunks would spread a NaN/inf, and so would autograd's 0·NaN backward."""
     if impl == "naive":
@@ -203,17 +218,19 @@ def _dispatch(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, r
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     q, k, v, initial_state, poison = sanitise(q, k, v, reset, initial_state)
     o, state = _contained(
-        q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend
+        q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend, precision
     )
     return poison_output(o, poison), poison_state(state, poison)
 
 
-def _contained(q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend):
+def _contained(
+    q, k, v, lam, beta, C, readout, initial_state, chunk_size, impl, reset, backend, precision
+):
     if impl == "recurrent":
         return _recurrent(q, k, v, lam, beta, C, readout, initial_state, reset)
     if impl == "chunked":
         o, state = _chunked(
-            q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset, backend
+            q, k, v, lam, beta, C, readout, initial_state, chunk_size, reset, backend, precision
         )
     else:
         _, cdtype = _compute_dtype(q)
@@ -238,6 +255,7 @@ def interdomain_attention_varlen(
     chunk_size: int = 64,
     impl: str = "chunked",
     backend: str = "auto",
+    precision: str = "auto",
 ):
     """``interdomain_attention`` over N packed sequences of different lengths.
 
@@ -279,6 +297,7 @@ def interdomain_attention_varlen(
             impl=impl,
             reset=reset,
             backend=backend,
+            precision=precision,
         )
         return o, state_to_interleaved(*state)
 
@@ -300,6 +319,7 @@ def interdomain_attention_varlen_real(
     return_final_state: bool = False,
     chunk_size: int = 64,
     backend: str = "auto",
+    precision: str = "auto",
 ):
     """``interdomain_attention_real`` over N packed sequences (the runtime form of
     ``interdomain_attention_varlen``): q, k: (1, S, H, R); v: (1, S, H, D); lam_ri, beta_ri:
@@ -325,6 +345,7 @@ def interdomain_attention_varlen_real(
             chunk_size=chunk_size,
             reset=reset,
             backend=backend,
+            precision=precision,
         )
 
     tokens = (q, k, v, lam_ri, beta_ri) if per_token else (q, k, v)

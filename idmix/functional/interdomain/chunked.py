@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from .compiled import compiled, have_cxx
 from .decays import ChunkDecays, chunk_decays
+from .precision import baddbmm, matmul
 from .realform import as_complex as _c
 from .realform import as_interleaved as _r
 from .realform import cmul, cmul_conj, dot_conj
@@ -164,20 +165,23 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(2, 3)
 
 
-def _bmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _bmm_acc(acc, a, b, precision: str) -> torch.Tensor:
     """acc + a @ b in one GEMM pass; acc: (B, H, N, L, F); a: (B, H, N·L, K); b: (H, K, F)."""
     B, H = a.shape[:2]
-    out = torch.baddbmm(
-        acc.reshape(B * H, -1, acc.shape[-1]), a.flatten(0, 1), b.expand(B, *b.shape).flatten(0, 1)
+    out = baddbmm(
+        acc.reshape(B * H, -1, acc.shape[-1]),
+        a.flatten(0, 1),
+        b.expand(B, *b.shape).flatten(0, 1),
+        precision,
     )
     return out.view(acc.shape)
 
 
-def _chunk_starts(zT, dec: ChunkDecays, Z0, masks=None, kernels=None):
+def _chunk_starts(zT, dec: ChunkDecays, Z0, masks, kernels, precision):
     """The inter-chunk pass of one segment. Returns (zc: the inputs that reach their chunk's
     end (zT masked by document), chunk-start states (B, H, N, R+D, 2M), Z_end (B, H, R+D, 2M))."""
     zc = zT if masks is None else zT * masks.contrib
-    inc = (zc.flatten(2, 3) @ dec.end).view(
+    inc = matmul(zc.flatten(2, 3), dec.end, precision).view(
         *zT.shape[:3], -1, dec.end.shape[-1]
     )  # Σ βλ^{L-1-s} z_s
     starts, Z_end = _scan(inc, Z0, dec.chunk, masks, kernels)
@@ -185,10 +189,11 @@ def _chunk_starts(zT, dec: ChunkDecays, Z0, masks=None, kernels=None):
 
 
 def _segment_forward(
-    q, zT, dec: ChunkDecays, G_hat, Z0, masks=None, keep: bool = False, kernels=None
+    q, zT, dec: ChunkDecays, G_hat, Z0, masks=None, keep=False, kernels=None, precision="ieee"
 ):
     """One segment. q: (B, H, N, L, R); zT = [kᵀ; vᵀ]: (B, H, N, R+D, L); Z0: (B, H, R+D, 2M);
-    masks: _DocMasks or None (no document starts inside); kernels: idmix_kernels or None.
+    masks: _DocMasks or None (no document starts inside); kernels: idmix_kernels or None;
+    precision: of every product ("ieee", "tf32", "bf16": precision.py).
 
     Returns (o: (B, H, N, L, D), Z_end, intermediates or None). With kernels, the scan and
     (unless keep) the two intra-chunk passes run in Triton; keep recomputes in torch.
@@ -196,32 +201,34 @@ def _segment_forward(
     B, H, N, L, R = q.shape
     kT, v = zT[..., :R, :], zT[..., R:, :].mT
     f = _Saved()
-    f.zT, starts, Z_end = _chunk_starts(zT, dec, Z0, masks, kernels)
+    f.zT, starts, Z_end = _chunk_starts(zT, dec, Z0, masks, kernels, precision)
     f.starts = starts
     if kernels is not None and not keep:
         reset = None if masks is None else masks.reset
-        p = kernels.intra_chunk_pass1(q, zT, starts, dec.start, dec.end, reset)
-        w = (_flat(p) @ G_hat.mT).view(p.shape)
-        o = kernels.intra_chunk_pass2(w, zT, starts, dec.start, dec.end, R, reset)
+        p = kernels.intra_chunk_pass1(q, zT, starts, dec.start, dec.end, reset, precision)
+        w = matmul(_flat(p), G_hat.mT, precision).view(p.shape)
+        o = kernels.intra_chunk_pass2(w, zT, starts, dec.start, dec.end, R, reset, precision)
         return o, Z_end, None
     start = dec.start[None, :, None]  # (1, H, 1, L, 2M) = λ^{i+1}
     # Pass 1: p(t) = λ^{i+1} ⊙ (Xᵏ q_t) + Σ_{s<=t} β λ^{t-s} (q_t · k_s)
-    f.y = q @ starts[..., :R, :]  # (B, H, N, L, 2M)
-    scores = q @ kT
+    f.y = matmul(q, starts[..., :R, :], precision)  # (B, H, N, L, 2M)
+    scores = matmul(q, kT, precision)
     if masks is not None:
         f.y, scores = f.y * masks.valid, scores * masks.same
     f.lagged = _shear_in(scores)  # (B, H, N, L, L), aligned with dec.end
-    f.p = _bmm_acc(cmul(start, f.y), _flat(f.lagged), dec.end)
-    f.w = (_flat(f.p) @ G_hat.mT).view(f.p.shape)  # w̃ = Ĝ p̂
+    f.p = _bmm_acc(cmul(start, f.y), _flat(f.lagged), dec.end, precision)
+    f.w = matmul(_flat(f.p), G_hat.mT, precision).view(f.p.shape)  # w̃ = Ĝ p̂
     # Pass 2: o_t = Re(Xᵛᴴ (conj(λ^{i+1}) ⊙ w̃)) + Σ_{s<=t} Re(conj(β λ^{t-s}) · w̃) v_s
     f.u = cmul_conj(start, f.w)
-    f.mix = _shear_out((_flat(f.w) @ dec.end.mT).view(B, H, N, L, L))  # (t, s) weights
+    by_lag = matmul(_flat(f.w), dec.end.mT, precision).view(B, H, N, L, L)
+    f.mix = _shear_out(by_lag)  # (t, s) weights
     if masks is not None:
         f.u, f.mix = f.u * masks.valid, f.mix * masks.same
-    o = torch.baddbmm(
-        (f.mix @ v).flatten(0, 2),
+    o = baddbmm(
+        matmul(f.mix, v, precision).flatten(0, 2),
         f.u.flatten(0, 2),
         starts[..., R:, :].transpose(-1, -2).flatten(0, 2),
+        precision,
     ).view(v.shape)
     return o, Z_end, (f if keep else None)
 
@@ -238,74 +245,79 @@ class _IntraGrads(NamedTuple):
     dG: torch.Tensor  # (H, 2M, 2M)
 
 
-def _intra_backward_torch(f: _Saved, q, zT, dec: ChunkDecays, G_hat, do, masks) -> _IntraGrads:
+def _intra_backward_torch(f: _Saved, q, zT, dec, G_hat, do, masks, precision) -> _IntraGrads:
     def mask(x, name):
         return x if masks is None else x * getattr(masks, name)
+
+    def mm(a, b):
+        return matmul(a, b, precision)
 
     B, H, N, L, R = q.shape
     kT, v = zT[..., :R, :], zT[..., R:, :].mT
     starts = f.starts
     start = dec.start[None, :, None]
     # o = u Xᵛᵀ + mix v, mix = shear_out(w endᵀ), u = conj(start) ⊙ w
-    dvT = do.transpose(-1, -2) @ f.mix  # (B, H, N, D, L)
-    d_mix = _shear_in(mask(do @ v.transpose(-1, -2), "same"))  # aligned with dec.end
-    du = mask(do @ starts[..., R:, :], "valid")  # (B, H, N, L, 2M)
-    dXv = do.transpose(-1, -2) @ f.u  # (B, H, N, D, 2M)
-    dw = _bmm_acc(cmul(start, du), _flat(d_mix), dec.end)
-    d_end = (_flat(d_mix).transpose(-1, -2) @ _flat(f.w)).sum(0)
+    dvT = mm(do.transpose(-1, -2), f.mix)  # (B, H, N, D, L)
+    d_mix = _shear_in(mask(mm(do, v.transpose(-1, -2)), "same"))  # aligned with dec.end
+    du = mask(mm(do, starts[..., R:, :]), "valid")  # (B, H, N, L, 2M)
+    dXv = mm(do.transpose(-1, -2), f.u)  # (B, H, N, D, 2M)
+    dw = _bmm_acc(cmul(start, du), _flat(d_mix), dec.end, precision)
+    d_end = mm(_flat(d_mix).transpose(-1, -2), _flat(f.w)).sum(0)
     # start enters as start ⊙ y and as conj(start) ⊙ w: gradient Σ dp ⊙ conj(y) + w ⊙ conj(du)
     d_start = dot_conj(du, f.w, dim=2).sum(0)
     # w = Ĝ p
-    dp = (_flat(dw) @ G_hat).view(dw.shape)
-    dG = (_flat(dw).transpose(-1, -2) @ _flat(f.p)).sum(0)
+    dp = mm(_flat(dw), G_hat).view(dw.shape)
+    dG = mm(_flat(dw).transpose(-1, -2), _flat(f.p)).sum(0)
     # p = start ⊙ y + shear_in(q kᵀ) end
-    d_scores = mask(_shear_out((_flat(dp) @ dec.end.mT).view(B, H, N, L, L)), "same")
-    d_end = d_end + (_flat(f.lagged).transpose(-1, -2) @ _flat(dp)).sum(0)
+    d_scores = mask(_shear_out(mm(_flat(dp), dec.end.mT).view(B, H, N, L, L)), "same")
+    d_end = d_end + mm(_flat(f.lagged).transpose(-1, -2), _flat(dp)).sum(0)
     dy = mask(cmul_conj(start, dp), "valid")
     d_start = d_start + dot_conj(f.y, dp, dim=2).sum(0)
     # y = q Xᵏ, scores = q kᵀ
-    dq = dy @ starts[..., :R, :].transpose(-1, -2) + d_scores @ kT.mT
-    dkT = q.transpose(-1, -2) @ d_scores  # (B, H, N, R, L)
-    dS = torch.cat([q.transpose(-1, -2) @ dy, dXv], dim=-2)  # (B, H, N, R+D, 2M)
+    dq = mm(dy, starts[..., :R, :].transpose(-1, -2)) + mm(d_scores, kT.mT)
+    dkT = mm(q.transpose(-1, -2), d_scores)  # (B, H, N, R, L)
+    dS = torch.cat([mm(q.transpose(-1, -2), dy), dXv], dim=-2)  # (B, H, N, R+D, 2M)
     return _IntraGrads(dq, dkT, dvT, dS, d_start, d_end, dG)
 
 
-def _intra_backward_kernels(kernels, starts, q, zT, dec, G_hat, do, masks) -> _IntraGrads:
+def _intra_backward_kernels(kernels, starts, q, zT, dec, G_hat, do, masks, precision):
     """The same gradients from the Triton backward passes (each recomputes its own pass)."""
     R = q.shape[-1]
     reset = None if masks is None else masks.reset
-    p = kernels.intra_chunk_pass1(q, zT, starts, dec.start, dec.end, reset)
-    w = (_flat(p) @ G_hat.mT).view(p.shape)
+    p = kernels.intra_chunk_pass1(q, zT, starts, dec.start, dec.end, reset, precision)
+    w = matmul(_flat(p), G_hat.mT, precision).view(p.shape)
     dv, dXv, dw, ge2, gs2 = kernels.intra_chunk_pass2_backward(
-        do, w, zT, starts, dec.start, dec.end, R, reset
+        do, w, zT, starts, dec.start, dec.end, R, reset, precision
     )
-    dp = (_flat(dw) @ G_hat).view(dw.shape)
-    dG = (_flat(dw).transpose(-1, -2) @ _flat(p)).sum(0)
+    dp = matmul(_flat(dw), G_hat, precision).view(dw.shape)
+    dG = matmul(_flat(dw).transpose(-1, -2), _flat(p), precision).sum(0)
     dq, dkT, dXk, ge1, gs1 = kernels.intra_chunk_pass1_backward(
-        dp, q, zT, starts, dec.start, dec.end, reset
+        dp, q, zT, starts, dec.start, dec.end, reset, precision
     )
     d_start, d_end = (gs1 + gs2).sum((0, 2)), (ge1 + ge2).sum((0, 2))
     return _IntraGrads(dq, dkT, dv.mT, torch.cat([dXk, dXv], -2), d_start, d_end, dG)
 
 
-def _segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks=None, kernels=None):
+def _segment_backward(
+    q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks=None, kernels=None, precision="ieee"
+):
     """Gradients of one segment. Returns (dq, dzT, d_decays: ChunkDecays, dG, dZ0)."""
     R = q.shape[-1]
     if kernels is None:
-        _, _, f = _segment_forward(q, zT, dec, G_hat, Z0, masks, keep=True)
-        g = _intra_backward_torch(f, q, zT, dec, G_hat, do, masks)
+        _, _, f = _segment_forward(q, zT, dec, G_hat, Z0, masks, True, None, precision)
+        g = _intra_backward_torch(f, q, zT, dec, G_hat, do, masks, precision)
         starts, zc = f.starts, f.zT
     else:  # only the chunk-start states are recomputed here; the passes recompute inside
-        zc, starts, _ = _chunk_starts(zT, dec, Z0, masks, kernels)
-        g = _intra_backward_kernels(kernels, starts, q, zT, dec, G_hat, do, masks)
+        zc, starts, _ = _chunk_starts(zT, dec, Z0, masks, kernels, precision)
+        g = _intra_backward_kernels(kernels, starts, q, zT, dec, G_hat, do, masks, precision)
     # g_inc: the gradient of each chunk's increment, (B, H, N, R+D, 2M)
     g_inc, dZ0 = _scan_adjoint(g.dS, dZ_end, dec.chunk, masks, kernels)
     d_chunk = dot_conj(starts, g_inc, dim=-2)  # (B, H, N, 2M)
     if masks is not None:
         d_chunk = d_chunk * masks.carry[:, None, :, None]
     d_chunk = d_chunk.sum((0, 2))
-    d_end = g.d_end + (zc.flatten(2, 3).transpose(-1, -2) @ g_inc.flatten(2, 3)).sum(0)
-    dzT = (g_inc.flatten(2, 3) @ dec.end.mT).view(zc.shape)  # (B, H, N, R+D, L)
+    d_end = g.d_end + matmul(zc.flatten(2, 3).mT, g_inc.flatten(2, 3), precision).sum(0)
+    dzT = matmul(g_inc.flatten(2, 3), dec.end.mT, precision).view(zc.shape)  # (B, H, N, R+D, L)
     if masks is not None:
         dzT = dzT * masks.contrib
     dzT[..., :R, :] += g.dkT
@@ -372,10 +384,10 @@ def _masks(reset, n, L, dtype):
     return None if reset is None else _DocMasks(reset.unflatten(1, (n, L)), dtype)
 
 
-def _forward_piece(q, k, v, start, end, chunk, G_hat, Z0, reset, kernels=None):
+def _forward_piece(q, k, v, start, end, chunk, G_hat, Z0, reset, precision, kernels=None):
     """One piece of positions: q, k (B, n·L, H, R); v (B, n·L, H, D); the decays (ChunkDecays'
-    fields) of its chunk length L; Z0 (B, H, R+D, 2M); reset (B, n·L) or None.
-    Returns (o: (B, H, n, L, D), Z_end)."""
+    fields) of its chunk length L; Z0 (B, H, R+D, 2M); reset (B, n·L) or None; precision of the
+    products. Returns (o: (B, H, n, L, D), Z_end)."""
     L = start.shape[1]
     n = q.shape[1] // L
     o, Z, _ = _segment_forward(
@@ -386,11 +398,14 @@ def _forward_piece(q, k, v, start, end, chunk, G_hat, Z0, reset, kernels=None):
         Z0,
         _masks(reset, n, L, q.dtype),
         kernels=kernels,
+        precision=precision,
     )
     return o, Z
 
 
-def _backward_piece(q, k, v, start, end, chunk, G_hat, Z0, do, dZ_end, reset, kernels=None):
+def _backward_piece(
+    q, k, v, start, end, chunk, G_hat, Z0, do, dZ_end, reset, precision, kernels=None
+):
     """Gradients of one piece (arguments as for :func:`_forward_piece`; do (B, n·L, H, D)).
     Returns (dq (B, H, n, L, R), dzT (B, H, n, R+D, L), d_start, d_end, d_chunk, dG, dZ0)."""
     L = start.shape[1]
@@ -405,6 +420,7 @@ def _backward_piece(q, k, v, start, end, chunk, G_hat, Z0, do, dZ_end, reset, ke
         dZ_end,
         _masks(reset, n, L, q.dtype),
         kernels,
+        precision,
     )
     return dq, dzT, *d_decays, dG, dZ0
 
@@ -425,7 +441,7 @@ def _runner(piece, backend: str, x: torch.Tensor):
     return compiled(piece, dynamic=False)
 
 
-def _forward_impl(q, k, v, main, tail, G_hat, Z0, L, reset=None, backend="auto"):
+def _forward_impl(q, k, v, main, tail, G_hat, Z0, L, reset, backend, precision):
     B, T, H, _ = q.shape
     forward_piece = _runner(_forward_piece, backend, q)
     decays = _decays_by_len(L, T, main, tail)
@@ -435,13 +451,14 @@ def _forward_impl(q, k, v, main, tail, G_hat, Z0, L, reset=None, backend="auto")
         starts.append(Z)
         span = slice(t0, t0 + n * Lp)
         o_p, Z = forward_piece(
-            q[:, span], k[:, span], v[:, span], *decays[Lp], G_hat, Z, _span(reset, span)
-        )
+            q[:, span], k[:, span], v[:, span], *decays[Lp], G_hat, Z, _span(reset, span),
+            precision,
+        )  # fmt: skip
         _write_chunks(o, t0, o_p)
     return o, Z, torch.stack(starts)
 
 
-def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L, reset=None, backend="auto"):
+def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L, reset, backend, precision):
     T, R = q.shape[1], q.shape[-1]
     backward_piece = _runner(_backward_piece, backend, q)
     decays = _decays_by_len(L, T, main, tail)
@@ -461,6 +478,7 @@ def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L, reset=None
             do[:, span],
             dZ,
             _span(reset, span),
+            precision,
         )
         _write_chunks(dq, t0, gq)
         _write_chunks(dk, t0, g_zT[..., :R, :], transposed=True)
@@ -505,17 +523,19 @@ def chunked_forward(
     reset: torch.Tensor | None,
     chunk_size: int,
     backend: str,
+    precision: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """decays = chunk_decay_inputs(...) (6 tensors); reset: (B, T) bool or None; backend: one
-    of validation.BACKENDS (see kernels_for; "inductor": _runner). Returns (o (B, T, H, D),
-    Z_end (B, H, R+D, 2M), segment start states (P, B, H, R+D, 2M))."""
+    of validation.BACKENDS (see kernels_for; "inductor": _runner); precision: "ieee", "tf32" or
+    "bf16" (resolved: precision.py). Returns (o (B, T, H, D), Z_end (B, H, R+D, 2M), segment
+    start states (P, B, H, R+D, 2M))."""
     with torch.autocast(q.device.type, enabled=False):
         main, tail = decays[:3], decays[3:]
-        return _forward_impl(q, k, v, main, tail, G_hat, Z0, chunk_size, reset, backend)
+        return _forward_impl(q, k, v, main, tail, G_hat, Z0, chunk_size, reset, backend, precision)
 
 
 @chunked_forward.register_fake
-def _(q, k, v, decays, G_hat, Z0, reset, chunk_size, backend):
+def _(q, k, v, decays, G_hat, Z0, reset, chunk_size, backend, precision):
     B, T, H, _ = q.shape
     pieces = _num_pieces(T, chunk_size)
     return q.new_empty(B, T, H, v.shape[-1]), torch.empty_like(Z0), Z0.new_empty(pieces, *Z0.shape)
@@ -534,6 +554,7 @@ def chunked_backward(
     reset: torch.Tensor | None,
     chunk_size: int,
     backend: str,
+    precision: str,
 ) -> list[torch.Tensor]:
     """Gradients of (q, k, v, *decays, G_hat, Z0), recomputing the forward segment by segment
     from the saved segment start states."""
@@ -552,18 +573,20 @@ def chunked_backward(
                 chunk_size,
                 reset,
                 backend,
+                precision,
             )
         )
 
 
 @chunked_backward.register_fake
-def _(do, dZ_end, q, k, v, decays, G_hat, starts, reset, chunk_size, backend):
+def _(do, dZ_end, q, k, v, decays, G_hat, starts, reset, chunk_size, backend, precision):
     return [torch.empty_like(t) for t in (q, k, v, *decays, G_hat, dZ_end)]
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, decays, G_hat, _Z0, reset, chunk_size, backend = inputs
-    ctx.chunk_size, ctx.n_decays, ctx.backend = chunk_size, len(decays), backend
+    q, k, v, decays, G_hat, _Z0, reset, chunk_size, backend, precision = inputs
+    ctx.chunk_size, ctx.n_decays = chunk_size, len(decays)
+    ctx.backend, ctx.precision = backend, precision
     ctx.save_for_backward(
         q, k, v, *decays, G_hat, output[2], *([reset] if reset is not None else [])
     )
@@ -588,8 +611,9 @@ def _backward(ctx, do, dZ_end, _d_starts):
         reset[0] if reset else None,
         ctx.chunk_size,
         ctx.backend,
+        ctx.precision,
     )
-    return dq, dk, dv, d_dec, dG, dZ0, None, None, None
+    return dq, dk, dv, d_dec, dG, dZ0, None, None, None, None
 
 
 chunked_forward.register_autograd(_backward, setup_context=_setup_context)

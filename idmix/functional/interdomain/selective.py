@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from .precision import matmul
 from .realform import as_complex as _complex
 from .realform import as_interleaved as _real
 from .selective_pairs import fused, pair_dots, pair_sums, pair_tsums
@@ -112,11 +113,11 @@ def _prepare(q, k, v, lam_ri, beta_ri, reset, L: int, with_c: bool = False) -> _
     return _Chunked(qc, kc, vc, beta, _chunks(lam, n, L), starts, doc, rho, u, qc @ kc.mT, F, De, c)
 
 
-def _starts(ch: _Chunked, X0: torch.Tensor):
+def _starts(ch: _Chunked, X0: torch.Tensor, precision: str):
     """Chunk start states (B, H, n, R+D, M) and the final state, from X0 (B, H, R+D, M) by the
     scan X ← carry ⊙ X + ΔX over chunks (ΔX: the chunk's contribution from a zero start)."""
     z = torch.cat([ch.k, ch.v], -1)  # (B, H, n, L, R+D)
-    delta = _mm_rc(z.mT, ch.De * ch.beta)  # (B, H, n, R+D, M)
+    delta = _mm_rc(z.mT, ch.De * ch.beta, precision)  # (B, H, n, R+D, M)
     carry = ch.F[..., -1, :].unsqueeze(3)  # (B, H, n, 1, M); 0 where the chunk holds a reset
     return _scan(delta, carry, X0, reverse=False)
 
@@ -144,16 +145,16 @@ def _scan(inc: torch.Tensor, carry: torch.Tensor, first: torch.Tensor, reverse: 
     return xs, torch.addcmul(inc[:, :, prev], carry[:, :, prev], xs[:, :, prev])
 
 
-def _mm_rc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _mm_rc(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.Tensor:
     """a @ b for real a (.., I, K) and complex b (.., K, N), as one real GEMM on b's
-    interleaved view: complex (.., I, N)."""
-    return _complex(a @ _real(b.resolve_conj()))
+    interleaved view (operands at precision): complex (.., I, N)."""
+    return _complex(matmul(a, _real(b.resolve_conj()), precision))
 
 
-def _mm_re(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _mm_re(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.Tensor:
     """Re Σ_m a[i, m] conj(b[j, m]) for complex a (.., I, M), b (.., J, M), as one real GEMM of
-    the interleaved views: (.., I, J)."""
-    return _real(a.resolve_conj()) @ _real(b.resolve_conj()).mT
+    the interleaved views (operands at precision): (.., I, J)."""
+    return matmul(_real(a.resolve_conj()), _real(b.resolve_conj()).mT, precision)
 
 
 def _parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,15 +195,15 @@ class _Pairs:
         return self.u * torch.complex(re, im)
 
 
-def _y(ch: _Chunked, Xk: torch.Tensor) -> torch.Tensor:
+def _y(ch: _Chunked, Xk: torch.Tensor, precision: str) -> torch.Tensor:
     """Xᵏ q_t from the chunk start: (B, H, n, L, M)."""
-    return _mm_rc(ch.q, Xk)
+    return _mm_rc(ch.q, Xk, precision)
 
 
-def _gram(x: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+def _gram(x: torch.Tensor, G: torch.Tensor, precision: str) -> torch.Tensor:
     """x̂ G per position, one GEMM per (row, head): x (B, H, n, L, M) complex, G (H, 2M, 2M)
     real interleaved -> (B, H, n, L, M) complex (G is not copied per chunk)."""
-    out = torch.matmul(_real(x).flatten(2, 3), G)  # (B, H, n·L, 2M)
+    out = matmul(_real(x).flatten(2, 3), G, precision)  # (B, H, n·L, 2M)
     return _complex(out).view(x.shape)
 
 
@@ -250,55 +251,58 @@ class _KernelPairs:
         return g_q, g_k, g_v, _complex(g_beta)
 
 
-def _segment_forward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, kernels):
-    """One segment: (o (B, T, H, D), X_end complex (B, H, R+D, M)) from X0 (complex)."""
+def _segment_forward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, kernels, precision):
+    """One segment: (o (B, T, H, D), X_end complex (B, H, R+D, M)) from X0 (complex).
+    precision: of the contractions with a state or Ĝ (the pair work stays fp32)."""
     R = q.shape[-1]
     ch = _prepare(q, k, v, lam_ri, beta_ri, reset, L, kernels is not None)
-    Xs, X = _starts(ch, X0)
+    Xs, X = _starts(ch, X0, precision)
     if kernels is not None:
-        o = _intra_kernels(kernels, ch, Xs, G_hat, R)
+        o = _intra_kernels(kernels, ch, Xs, G_hat, R, precision)
     else:
         pairs = _Pairs(ch)
-        y = _y(ch, Xs[..., :R, :])
+        y = _y(ch, Xs[..., :R, :], precision)
         p = ch.F * y + pairs.sums(ch.scores)[0]
-        w = _gram(p, G_hat.mT)
+        w = _gram(p, G_hat.mT, precision)
         S = pairs.dots(w)[0]
         u = ch.F.conj() * w
-        o = _mm_re(u, Xs[..., R:, :]) + S @ ch.v
+        o = _mm_re(u, Xs[..., R:, :], precision) + S @ ch.v
     return _unchunk(o, q.shape[1]), X
 
 
-def _segment_backward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, kernels, g_o, g_X):
+def _segment_backward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, kernels, precision, g_o, g_X):
     """One segment's gradients, recomputing its chunk start states from X0 (complex); g_X:
     the gradient of its end state (complex). Returns (g_q, g_k, g_v, g_lam_ri, g_beta_ri, g_G,
     g_X0 complex)."""
     T, R = q.shape[1], q.shape[-1]
     ch = _prepare(q, k, v, lam_ri, beta_ri, reset, L, kernels is not None)
-    Xs, _ = _starts(ch, X0)
+    Xs, _ = _starts(ch, X0, precision)
     n = Xs.shape[2]
     Xk, Xv = Xs[..., :R, :], Xs[..., R:, :]
     go = _chunks(g_o, n, L)  # (B, H, n, L, D)
     pairs = _TorchPairs(ch, go) if kernels is None else _KernelPairs(kernels, ch, go)
     # Σ_s A P (the forward's p) and Σ_s g_S P (w's gradient), with g_S = go vᵀ
     p_pair, gsP = pairs.sums()
-    y = _y(ch, Xk)
+    y = _y(ch, Xk, precision)
     p = ch.F * y + p_pair
-    w = _gram(p, G_hat.mT)
+    w = _gram(p, G_hat.mT, precision)
     # pass 2: o = Re Σ_m u conj(Xᵛ) + S v, with u = conj(F) w
-    g_u = _mm_rc(go, Xv)  # (B, H, n, L, M)
-    g_Xv = _mm_rc(go.mT, ch.F.conj() * w)  # (B, H, n, D, M)
+    g_u = _mm_rc(go, Xv, precision)  # (B, H, n, L, M)
+    g_Xv = _mm_rc(go.mT, ch.F.conj() * w, precision)  # (B, H, n, D, M)
     g_w = g_u * ch.F + gsP
     g_F = g_u.conj() * w
-    # w = Ĝ p̂ (real, interleaved)
-    g_G = torch.einsum("bhnli,bhnlj->hij", _real(g_w), _real(p))
-    g_p = _gram(g_w, G_hat)
+    # w = Ĝ p̂ (real, interleaved): Ĝ's gradient Σ over (b, n, l) of g_w p̂ᵀ, per head
+    g_G = matmul(
+        _real(g_w).movedim(1, 0).flatten(1, 3).mT, _real(p).movedim(1, 0).flatten(1, 3), precision
+    )
+    g_p = _gram(g_w, G_hat, precision)
     # pass 1: p = F ⊙ y + Σ_s A[t, s] P[t, s], y = Xᵏ q, A = q kᵀ; the pairs give q, k and
     # v their parts and β_s its Σ_t K[t, s] (K = ∂ℓ/∂P ⊙ conj(D))
     g_q, g_k, g_v, g_beta = pairs.grads(w, g_p)
     g_F = g_F + g_p * y.conj()
     g_y = g_p * ch.F.conj()
-    g_Xk = _mm_rc(ch.q.mT, g_y)  # (B, H, n, R, M)
-    g_q = g_q + _mm_re(g_y, Xk)
+    g_Xk = _mm_rc(ch.q.mT, g_y, precision)  # (B, H, n, R, M)
+    g_q = g_q + _mm_re(g_y, Xk, precision)
     # P = D ⊙ β_s with D = exp(c_t − c_s): c_t gets Σ_s K[t, s] conj(β_s) =
     # w conj(Σ_s g_S P) + g_p conj(Σ_s A P), and c_s minus conj(β_s) Σ_t K[t, s]
     g_c = w * gsP.conj() + g_p * p_pair.conj() - g_beta * ch.beta.conj()
@@ -311,8 +315,8 @@ def _segment_backward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, kernels, g_
     # ΔX = Σ_s E_s ⊗ z_s with E = De ⊙ β (De = exp(c_{L−1} − c_s))
     z = torch.cat([ch.k, ch.v], -1)
     E = ch.De * ch.beta
-    g_z = _mm_re(E, g_delta)  # (B, H, n, L, R+D)
-    g_E = _mm_rc(z, g_delta)
+    g_z = _mm_re(E, g_delta, precision)  # (B, H, n, L, R+D)
+    g_E = _mm_rc(z, g_delta, precision)
     g_beta = g_beta + g_E * ch.De.conj()
     g_Ue = g_E * E.conj()
     g_c = g_c - g_Ue
@@ -339,15 +343,15 @@ class _SelectiveChunked(torch.autograd.Function):
     at a time from it, so memory is bounded by a segment whatever T."""
 
     @staticmethod
-    def forward(ctx, q, k, v, lam_ri, beta_ri, G_hat, Z0, L, reset, kernels):
+    def forward(ctx, q, k, v, lam_ri, beta_ri, G_hat, Z0, L, reset, kernels, precision):
         X, outs, firsts = _complex(Z0), [], []
         for t0, t1 in _segments(q.shape[1], L):
             firsts.append(X)
             seg = _slices(t0, t1, q, k, v, lam_ri, beta_ri, reset)
-            o, X = _segment_forward(*seg[:5], G_hat, X, L, seg[5], kernels)
+            o, X = _segment_forward(*seg[:5], G_hat, X, L, seg[5], kernels, precision)
             outs.append(o)
         ctx.save_for_backward(q, k, v, lam_ri, beta_ri, G_hat, _real(torch.stack(firsts)), reset)
-        ctx.L, ctx.kernels = L, kernels
+        ctx.L, ctx.kernels, ctx.precision = L, kernels, precision
         return torch.cat(outs, 1), _real(X)
 
     @staticmethod
@@ -361,12 +365,12 @@ class _SelectiveChunked(torch.autograd.Function):
             seg = _slices(t0, t1, q, k, v, lam_ri, beta_ri, reset)
             X0 = _complex(firsts[i])
             *g, g_G_seg, g_X = _segment_backward(
-                *seg[:5], G_hat, X0, ctx.L, seg[5], ctx.kernels, g_o[:, t0:t1], g_X
+                *seg[:5], G_hat, X0, ctx.L, seg[5], ctx.kernels, ctx.precision, g_o[:, t0:t1], g_X
             )
             grads.append(g)
             g_G = g_G + g_G_seg
         g_q, g_k, g_v, g_lam, g_beta = (torch.cat(x[::-1], 1) for x in zip(*grads, strict=True))
-        return g_q, g_k, g_v, g_lam, g_beta, g_G, _real(g_X), None, None, None
+        return g_q, g_k, g_v, g_lam, g_beta, g_G, _real(g_X), None, None, None, None
 
 
 def _segments(T: int, L: int) -> list[tuple[int, int]]:
@@ -380,21 +384,34 @@ def _slices(t0, t1, *xs):
     return tuple(None if x is None else x[:, t0:t1] for x in xs)
 
 
-def _intra_kernels(kernels, ch: _Chunked, Xs, G_hat, R: int) -> torch.Tensor:
+def _intra_kernels(kernels, ch: _Chunked, Xs, G_hat, R: int, precision: str) -> torch.Tensor:
     """The two intra-chunk passes in Triton (``idmix_kernels.selective_pass1/2``): o (.., L, D)."""
     starts = None if ch.starts is None else ch.starts[:, 0]
     c, beta, Xs_ri = _real(ch.c), _real(ch.beta), _real(Xs)
-    p = kernels.selective_pass1(ch.q, ch.k, c, beta, Xs_ri, starts)
-    w = _real(_gram(_complex(p), G_hat.mT))
-    return kernels.selective_pass2(w, c, beta, ch.v, Xs_ri, R, starts)
+    p = kernels.selective_pass1(ch.q, ch.k, c, beta, Xs_ri, starts, precision)
+    w = _real(_gram(_complex(p), G_hat.mT, precision))
+    return kernels.selective_pass2(w, c, beta, ch.v, Xs_ri, R, starts, precision)
 
 
 def selective_chunked(
-    q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size=SELECTIVE_CHUNK, reset=None, kernels=None
+    q,
+    k,
+    v,
+    lam_ri,
+    beta_ri,
+    G_hat,
+    Z0,
+    chunk_size=SELECTIVE_CHUNK,
+    reset=None,
+    kernels=None,
+    precision="ieee",
 ):
     """q, k: (B, T, H, R); v: (B, T, H, D); lam_ri, beta_ri: (B, T, H, M, 2); G_hat: (H, 2M, 2M)
     interleaved; Z0: (B, H, R+D, 2M) interleaved real; reset: (B, T) bool or None; kernels:
-    idmix_kernels for the intra-chunk passes (forward and backward) in Triton, or None. One
-    real dtype throughout.
+    idmix_kernels for the intra-chunk passes (forward and backward) in Triton, or None;
+    precision: of the contractions with a state or Ĝ ("ieee", "tf32", "bf16"; the pair work is
+    fp32). One real dtype throughout.
     Returns (o (B, T, H, D), final state (B, H, R+D, 2M))."""
-    return _SelectiveChunked.apply(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, kernels)
+    return _SelectiveChunked.apply(
+        q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, kernels, precision
+    )
