@@ -3,8 +3,10 @@
 forward:  S_0 = Z0, S_{j+1} = c_j ⊙ S_j + inc_j          (returns S_0..S_{N-1} and S_N)
 reverse:  G_N = Z0, G_j = conj(c_j) ⊙ G_{j+1} + inc_j     (the adjoint; returns G_1..G_N, G_0)
 c_j = λ^L of the head, times carry[b, j] (0 where a sequence starts inside chunk j).
-One program per (batch, head, block of channels) walks the N chunks with the state in
-registers: one launch instead of N small kernels. Complex values are interleaved real pairs.
+One program per (batch, head, block of channels, block of modes) walks the N chunks with its
+(BC, BM) piece of the state in registers: one launch instead of N small kernels, and a tile
+that stays a few registers per thread at any M. Complex values are interleaved real pairs.
+Elementwise work (no products): fp32 multiply-adds, memory-bound.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .tiles import on_device
 
 
 @triton.jit
@@ -42,7 +46,7 @@ def _chunk_scan_kernel(
     pid_bh, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     b, h = pid_bh // H, pid_bh % H
     cc = pid_c * BC + tl.arange(0, BC)
-    mm = tl.arange(0, BM)
+    mm = tl.program_id(2) * BM + tl.arange(0, BM)
     ok = (cc < C)[:, None] & (mm < M)[None, :]
     cr = tl.load(c_ptr + h * 2 * M + 2 * mm, mask=mm < M, other=0.0)[None, :]
     ci = tl.load(c_ptr + h * 2 * M + 2 * mm + 1, mask=mm < M, other=0.0)[None, :]
@@ -87,29 +91,13 @@ def chunk_scan(
     last = torch.empty_like(z0_r)
     carry_t = carry.float().contiguous() if carry is not None else inc_r.new_ones(1, 1)
     BC = min(32, triton.next_power_of_2(C))
-    grid = (B * H, triton.cdiv(C, BC))
-    _chunk_scan_kernel[grid](
-        inc_r,
-        z0_r,
-        c_r,
-        carry_t,
-        seq,
-        last,
-        H,
-        N,
-        C,
-        M,
-        inc_r.stride(0),
-        inc_r.stride(1),
-        inc_r.stride(2),
-        inc_r.stride(3),
-        z0_r.stride(0),
-        z0_r.stride(1),
-        z0_r.stride(2),
-        carry_t.stride(0),
-        REVERSE=reverse,
-        HAS_CARRY=carry is not None,
-        BC=BC,
-        BM=triton.next_power_of_2(M),
-    )
+    BM = min(32, triton.next_power_of_2(M))
+    grid = (B * H, triton.cdiv(C, BC), triton.cdiv(M, BM))
+    with on_device(inc):
+        _chunk_scan_kernel[grid](
+            inc_r, z0_r, c_r, carry_t, seq, last,
+            H, N, C, M,
+            *inc_r.stride()[:4], *z0_r.stride()[:3], carry_t.stride(0),
+            REVERSE=reverse, HAS_CARRY=carry is not None, BC=BC, BM=BM,
+        )  # fmt: skip
     return torch.view_as_complex(seq), torch.view_as_complex(last)

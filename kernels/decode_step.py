@@ -5,6 +5,12 @@ One program per (batch, head): it reads the state once, updates it in place
 The state is the runtime contract's interleaved real tensor (B, H, R+D, 2M): rows the R key
 then the D value channels, entry [.., c, 2m + {0, 1}] = (Re, Im) of X[m, c]; Ĝ is interleaved
 the same way (docs/design.md §3). Accumulation in fp32.
+
+Blocked so that no tile outgrows a few registers per thread at any R, D, M: phase 1 walks the
+key state in mode blocks (update, then p for those modes, written to a (B, H, 2M) scratch row
+that stays in L1/L2); after a barrier, phase 2 walks w's modes in blocks: the block's rows of Ĝ
+times p̂, then the value state's same modes (update, and their share of o). A matrix-vector
+step: fp32 multiply-adds, bound by reading the state and Ĝ, no tensor-core work.
 No autotuning: the kernel writes its inputs in place (a retried config would see mutated state).
 """
 
@@ -14,10 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .tiles import on_device
+
+TILE = 1024  # elements of one (rows, modes) tile: 8 fp32 registers a thread at 4 warps
+
 
 @triton.jit
 def _update_state(ptr, mask, lr, li, br, bi, z):
-    """X ← λ ⊙ X + β z_c in place on one (C, M) interleaved tile; returns the new (re, im)."""
+    """X ← λ ⊙ X + β z_c in place on one (C, BM) interleaved tile; returns the new (re, im)."""
     xr = tl.load(ptr, mask=mask, other=0.0)
     xi = tl.load(ptr + 1, mask=mask, other=0.0)
     nr = lr[None, :] * xr - li[None, :] * xi + br[None, :] * z[:, None]
@@ -28,72 +38,62 @@ def _update_state(ptr, mask, lr, li, br, bi, z):
 
 
 @triton.jit
+def _decays(lam_ptr, beta_ptr, h, mm, M):
+    """(λ re, λ im, β re, β im) of the head's modes mm (interleaved (H, M, 2) inputs)."""
+    ok = mm < M
+    lr = tl.load(lam_ptr + h * 2 * M + 2 * mm, mask=ok, other=0.0).to(tl.float32)
+    li = tl.load(lam_ptr + h * 2 * M + 2 * mm + 1, mask=ok, other=0.0).to(tl.float32)
+    br = tl.load(beta_ptr + h * 2 * M + 2 * mm, mask=ok, other=0.0).to(tl.float32)
+    bi = tl.load(beta_ptr + h * 2 * M + 2 * mm + 1, mask=ok, other=0.0).to(tl.float32)
+    return lr, li, br, bi
+
+
+@triton.jit
 def _decode_step_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    lam_ptr,
-    beta_ptr,
-    g_ptr,
-    kst_ptr,
-    vst_ptr,
-    o_ptr,
-    H,
-    R,
-    D,
-    M,
-    s_qb,
-    s_qh,
-    s_kb,
-    s_kh,
-    s_vb,
-    s_vh,
-    s_ksb,
-    s_ksh,
-    s_ksr,
-    s_vsb,
-    s_vsh,
-    s_vsd,
-    s_ob,
-    s_oh,
-    BR: tl.constexpr,
-    BD: tl.constexpr,
-    BM: tl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, lam_ptr, beta_ptr, g_ptr, kst_ptr, vst_ptr, p_ptr, o_ptr,
+    H, R, D, M,
+    s_qb, s_qh, s_kb, s_kh, s_vb, s_vh,
+    s_ksb, s_ksh, s_ksr, s_vsb, s_vsh, s_vsd,
+    s_ob, s_oh,
+    BR: tl.constexpr, BD: tl.constexpr, BP: tl.constexpr, BMK: tl.constexpr, BMW: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     b, h = pid // H, pid % H
-    rr, dd, mm = tl.arange(0, BR), tl.arange(0, BD), tl.arange(0, BM)
-    r_ok, d_ok, m_ok = rr < R, dd < D, mm < M
-    # λ, β of this head (interleaved re/im)
-    lr = tl.load(lam_ptr + h * 2 * M + 2 * mm, mask=m_ok, other=0.0).to(tl.float32)
-    li = tl.load(lam_ptr + h * 2 * M + 2 * mm + 1, mask=m_ok, other=0.0).to(tl.float32)
-    br = tl.load(beta_ptr + h * 2 * M + 2 * mm, mask=m_ok, other=0.0).to(tl.float32)
-    bi = tl.load(beta_ptr + h * 2 * M + 2 * mm + 1, mask=m_ok, other=0.0).to(tl.float32)
+    rr, dd = tl.arange(0, BR), tl.arange(0, BD)
+    r_ok, d_ok = rr < R, dd < D
     q = tl.load(q_ptr + b * s_qb + h * s_qh + rr, mask=r_ok, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + b * s_kb + h * s_kh + rr, mask=r_ok, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + b * s_vb + h * s_vh + dd, mask=d_ok, other=0.0).to(tl.float32)
-    # key state: Kᵀ[r, m] ← λ_m Kᵀ[r, m] + β_m k_r
-    km = r_ok[:, None] & m_ok[None, :]
-    k_off = kst_ptr + b * s_ksb + h * s_ksh + rr[:, None] * s_ksr + 2 * mm[None, :]
-    nr, ni = _update_state(k_off, km, lr, li, br, bi, k)
-    # p = Σ_r q_r Kᵀ[r, :]
-    pr = tl.sum(q[:, None] * nr, axis=0)
-    pi = tl.sum(q[:, None] * ni, axis=0)
-    # w = Ĝ p̂, Ĝ interleaved (2M, 2M): the four M×M sub-grids of (even, odd) rows × columns
-    gm = m_ok[:, None] & m_ok[None, :]
-    g_off = g_ptr + h * 4 * M * M + (2 * mm)[:, None] * (2 * M) + (2 * mm)[None, :]
-    g11 = tl.load(g_off, mask=gm, other=0.0)
-    g12 = tl.load(g_off + 1, mask=gm, other=0.0)
-    g21 = tl.load(g_off + 2 * M, mask=gm, other=0.0)
-    g22 = tl.load(g_off + 2 * M + 1, mask=gm, other=0.0)
-    wr = tl.sum(g11 * pr[None, :] + g12 * pi[None, :], axis=1)
-    wi = tl.sum(g21 * pr[None, :] + g22 * pi[None, :], axis=1)
-    # value state and readout: o_d = Σ_m Re Vᵀ[d, m] wr_m + Im Vᵀ[d, m] wi_m
-    vm = d_ok[:, None] & m_ok[None, :]
-    v_off = vst_ptr + b * s_vsb + h * s_vsh + dd[:, None] * s_vsd + 2 * mm[None, :]
-    ur, ui = _update_state(v_off, vm, lr, li, br, bi, v)
-    o = tl.sum(ur * wr[None, :] + ui * wi[None, :], axis=1)
+    p_row = p_ptr + pid * 2 * M
+    # phase 1: key state Kᵀ[r, m] ← λ_m Kᵀ[r, m] + β_m k_r, then p_m = Σ_r q_r Kᵀ[r, m]
+    for m0 in range(0, M, BMK):
+        mm = m0 + tl.arange(0, BMK)
+        lr, li, br, bi = _decays(lam_ptr, beta_ptr, h, mm, M)
+        k_off = kst_ptr + b * s_ksb + h * s_ksh + rr[:, None] * s_ksr + 2 * mm[None, :]
+        nr, ni = _update_state(k_off, r_ok[:, None] & (mm < M)[None, :], lr, li, br, bi, k)
+        tl.store(p_row + 2 * mm, tl.sum(q[:, None] * nr, axis=0), mask=mm < M)
+        tl.store(p_row + 2 * mm + 1, tl.sum(q[:, None] * ni, axis=0), mask=mm < M)
+    tl.debug_barrier()  # p̂ complete before any thread reads it whole
+    pp = tl.arange(0, BP)
+    p = tl.load(p_row + pp, mask=pp < 2 * M, other=0.0)
+    # phase 2: w = Ĝ p̂ by blocks of modes, then the value state's same modes and their o share
+    o = tl.zeros((BD,), dtype=tl.float32)
+    for m0 in range(0, M, BMW):
+        mm = m0 + tl.arange(0, BMW)
+        g_ok = (mm < M)[:, None] & (pp < 2 * M)[None, :]
+        g_rows = g_ptr + h * 4 * M * M + (2 * mm)[:, None] * (2 * M) + pp[None, :]
+        wr = tl.sum(tl.load(g_rows, mask=g_ok, other=0.0) * p[None, :], axis=1)
+        wi = tl.sum(tl.load(g_rows + 2 * M, mask=g_ok, other=0.0) * p[None, :], axis=1)
+        lr, li, br, bi = _decays(lam_ptr, beta_ptr, h, mm, M)
+        v_off = vst_ptr + b * s_vsb + h * s_vsh + dd[:, None] * s_vsd + 2 * mm[None, :]
+        ur, ui = _update_state(v_off, d_ok[:, None] & (mm < M)[None, :], lr, li, br, bi, v)
+        o += tl.sum(ur * wr[None, :] + ui * wi[None, :], axis=1)
     tl.store(o_ptr + b * s_ob + h * s_oh + dd, o, mask=d_ok)
+
+
+def _modes_per_block(rows: int, M: int) -> int:
+    """Power-of-two mode block so that a (rows, block) tile holds about TILE elements."""
+    return max(1, min(triton.next_power_of_2(M), TILE // triton.next_power_of_2(rows)))
 
 
 @torch.library.custom_op("idmix::decode_step_", mutates_args=("state",))
@@ -113,42 +113,25 @@ def decode_step_triton(
     D, M = v.shape[-1], lam_ri.shape[1]
     if state.dtype != torch.float32 or state.stride(-1) != 1:
         raise ValueError("state: the triton decode step takes fp32 with unit stride over 2M")
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     K, V = state[:, :, :R], state[:, :, R:]
     lam_ri, beta_ri = (x.float().contiguous() for x in (lam_ri, beta_ri))
     G = G_hat.float().contiguous()
     o = torch.empty(B, H, D, dtype=torch.float32, device=q.device)
-    _decode_step_kernel[(B * H,)](
-        q,
-        k,
-        v,
-        lam_ri,
-        beta_ri,
-        G,
-        K,
-        V,
-        o,
-        H,
-        R,
-        D,
-        M,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        K.stride(0),
-        K.stride(1),
-        K.stride(2),
-        V.stride(0),
-        V.stride(1),
-        V.stride(2),
-        o.stride(0),
-        o.stride(1),
-        BR=triton.next_power_of_2(R),
-        BD=triton.next_power_of_2(D),
-        BM=triton.next_power_of_2(M),
-    )
+    p = torch.empty(B * H, 2 * M, dtype=torch.float32, device=q.device)  # p̂ scratch rows
+    BR, BD = triton.next_power_of_2(R), triton.next_power_of_2(D)
+    BP = triton.next_power_of_2(2 * M)
+    with on_device(q):
+        _decode_step_kernel[(B * H,)](
+            q, k, v, lam_ri, beta_ri, G, K, V, p, o,
+            H, R, D, M,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            K.stride(0), K.stride(1), K.stride(2), V.stride(0), V.stride(1), V.stride(2),
+            o.stride(0), o.stride(1),
+            BR=BR, BD=BD, BP=BP,
+            BMK=_modes_per_block(BR, M),
+            BMW=max(1, min(triton.next_power_of_2(M), TILE // (2 * BP))),
+        )  # fmt: skip
     return o
 
 

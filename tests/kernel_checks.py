@@ -9,7 +9,7 @@ import sys
 import torch
 
 from idmix.functional import empty_state, interdomain_decode_step, readout_gram
-from tests.helpers import PoisonEmpty, assert_rel, make_problem, selective_problem
+from tests.helpers import PoisonEmpty, assert_rel, make_problem, rel_rmse, selective_problem
 
 
 def check_decode(device: str) -> None:
@@ -73,6 +73,18 @@ CHUNKED_CASES = [
     (1, 1, 1, 1, 3, 1, 8, (1e-3, 1e-1), {}, "product", torch.float32),
     (2, 37, 1, 6, 2, 5, 16, (1.0, 10.0), {1: [5, 36]}, "conj", torch.float16),
     (1, 130, 2, 4, 4, 3, 32, (1e-3, 1e-1), {0: [64, 65, 129]}, "product", torch.float32),
+    # several mode blocks (the interpreter's BM is 8) and feature blocks (BK = 32), all ragged
+    (1, 45, 1, 40, 36, 20, 16, (1e-3, 1e-1), {0: [30]}, "conj", torch.float32),
+]
+# precision="tf32"/"bf16": the kernels against the PyTorch path at the same precision (its
+# rounding emulated, precision.py). The two round the same operands; what differs is the order
+# of the fp32 sums, and, rarely, an operand that lands on the other side of a rounding boundary
+# (a product's operands are themselves sums). Measured over these cases (every output, state
+# and gradient): relative RMSE ≤ 5.5e-7 (tf32) and 1.5e-7 (bf16), worst position 1.7e-5 / 1.7e-6
+# of the RMS; either path against its IEEE result: 2e-4..9e-4 (tf32), 1.5e-3..8.5e-3 (bf16).
+PRECISION_CASES = [
+    (2, 75, 2, 3, 5, 4, 8, (1e-3, 1e-1), {0: [0, 20, 33, 34]}, "conj", torch.float32),
+    (1, 45, 1, 40, 36, 20, 16, (1e-3, 1e-1), {0: [30]}, "product", torch.float32),
 ]
 GPU_CHUNKED_CASES = [  # the paper's head shape at lengths the interpreter cannot afford
     (2, 4096, 4, 64, 64, 64, 64, (1e-3, 1e-1), {0: [0, 1000, 1001]}, "conj", torch.bfloat16),
@@ -88,7 +100,7 @@ CPU_LARGE_CASES = [
 ]
 
 
-def run_chunked(p, device, backend, reset, readout, chunk):
+def run_chunked(p, device, backend, reset, readout, chunk, precision="auto"):
     """Outputs, final states and every gradient of the chunked op on one backend (fp32
     leaves; the inputs are rounded to the case's dtype first)."""
     from idmix.functional import interdomain_attention
@@ -103,6 +115,7 @@ def run_chunked(p, device, backend, reset, readout, chunk):
         return_final_state=True,
         chunk_size=chunk,
         backend=backend,
+        precision=precision,
     )
     g = torch.Generator().manual_seed(0)
     loss = (o * torch.randn(o.shape, generator=g).to(device)).sum() + (xk.abs() ** 2).sum()
@@ -148,6 +161,60 @@ def check_chunked(device: str, cases=None) -> None:
             assert_rel(tri[0][:, at], naive[:, at], max(tol, 1e-4), f"triton vs naive {case}")
     finally:
         chunked.SEGMENT_TOKENS = 512
+
+
+def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
+    """precision="tf32" and "bf16": the chunked op on the kernels equals the PyTorch path at the
+    same precision (outputs, final states, every gradient), and both are measurably rounded
+    (further from the IEEE result than the kernels are from the PyTorch path)."""
+    from idmix.functional.interdomain import chunked
+
+    tol = tol or {"tf32": 2e-6, "bf16": 2e-6}
+    chunked.SEGMENT_TOKENS = 32 if device == "cpu" else 512
+    try:
+        for B, T, H, R, D, M, L, dt, starts, readout, _ in PRECISION_CASES:
+            p = make_problem(B=B, T=T, H=H, R=R, D=D, M=M, dtype=torch.float32, dt_range=dt)
+            reset = torch.zeros(B, T, dtype=torch.bool, device=device)
+            for row, pos in starts.items():
+                reset[row, pos] = True
+            exact = run_chunked(p, device, "torch", reset, readout, L, "ieee")
+            for precision, bound in tol.items():
+                tri = run_chunked(p, device, "triton", reset, readout, L, precision)
+                ref = run_chunked(p, device, "torch", reset, readout, L, precision)
+                for i, (a, b) in enumerate(zip(tri, ref, strict=True)):
+                    what = f"{precision}: triton vs torch {T, R, D, M} tensor {i}"
+                    assert_rel(a, b, bound, what, max_tol=1e-4)
+                gap = rel_rmse(ref[0], exact[0])
+                assert gap > 10 * rel_rmse(tri[0], ref[0]), f"{precision}: rounding not applied"
+    finally:
+        chunked.SEGMENT_TOKENS = 512
+
+
+def check_selective_precisions(device: str) -> None:
+    """The selective path's kernels at tf32/bf16 equal its PyTorch path at the same precision
+    (measured: relative RMSE ≤ 3.8e-6, worst position 7.8e-5, as at IEEE: 2.1e-6 / 5.0e-5;
+    this case reaches Δ_t = 10)."""
+    from idmix.functional import interdomain_attention
+
+    B, T, H, R, D, M, L, dt, starts = SELECTIVE_CASES[2]
+    p = selective_problem(B=B, T=T, H=H, R=R, D=D, M=M, dt_range=dt)
+    reset = torch.zeros(B, T, dtype=torch.bool, device=device)
+    reset[0, starts[0]] = True
+    names = ("q", "k", "v", "lam", "beta", "C")
+    for precision in ("tf32", "bf16"):
+        runs = {}
+        for backend in ("triton", "torch"):
+            cd = {n: (torch.complex64 if p[n].is_complex() else torch.float32) for n in names}
+            leaves = [p[n].to(device, cd[n]).requires_grad_() for n in names]
+            o, (xk, _) = interdomain_attention(
+                *leaves, reset=reset, return_final_state=True, chunk_size=L, backend=backend,
+                precision=precision,
+            )  # fmt: skip
+            loss = o.square().sum() + (xk.abs() ** 2).sum()
+            runs[backend] = [o, xk, *torch.autograd.grad(loss, leaves)]
+        for i, (a, b) in enumerate(zip(runs["triton"], runs["torch"], strict=True)):
+            what = f"selective {precision}: triton vs torch tensor {i}"
+            assert_rel(a, b, 1e-5, what, max_tol=2e-4)
 
 
 def check_nonfinite(device: str) -> None:
@@ -344,6 +411,8 @@ if __name__ == "__main__":
         check_chunked(dev)
         check_selective(dev)
     assert mode.poisoned > 0
+    check_chunked_precisions(dev)
+    check_selective_precisions(dev)
     check_nonfinite(dev)
     check_varlen(dev)
     check_chunked_compiles_and_exports(dev)

@@ -25,13 +25,15 @@ def test_ci_runs_the_readme_commands():
 
 
 def test_core_imports_only_torch():
-    """idmix/ must not import torchtune, torchao or lm-eval at import time."""
+    """idmix/ must not import torchtune, torchao or lm-eval at import time, and the functional
+    core not even tensordict (a GPU machine may have only torch and triton)."""
     import subprocess
     import sys
 
+    heavy = "('torchtune', 'torchao', 'lm_eval', 'datasets', 'tensordict')"
     code = (
-        "import sys, idmix.functional; "
-        "bad = [m for m in ('torchtune', 'torchao', 'lm_eval', 'datasets') if m in sys.modules]; "
+        f"import sys, idmix.functional; bad = [m for m in {heavy} if m in sys.modules]; "
+        "import idmix; idmix.generate; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
