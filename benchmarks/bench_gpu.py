@@ -1,20 +1,23 @@
-"""GPU benchmark, one run: the interdomain op vs SDPA (flash) in bf16, and decode-step latency
-against context length. For a lent H200; finishes in a few minutes.
+"""GPU benchmark, one run: the interdomain op on its Triton kernels against SDPA's flash
+backend in bf16 at 1K–64K tokens (forward, and forward+backward), and the decode step against
+context length to 128K. Writes a markdown report. For a lent H200 (benchmarks/gpu_check.sh
+runs it after the GPU kernel tests); a few minutes, most of it the first calls' autotuning.
 
-    python benchmarks/bench_gpu.py                 # on a CUDA device
-    python benchmarks/bench_gpu.py --dry-run       # the same code on CPU, tiny sizes (smoke test)
+    python benchmarks/bench_gpu.py --markdown benchmarks/results/h200.md   # on a CUDA device
+    python benchmarks/bench_gpu.py --dry-run --markdown /tmp/x.md          # CPU, tiny sizes
 
-Shapes: H=16, R=D=M=64, chunk 64, bf16 inputs (the SSM runs in fp32 inside), B = 65,536 // T
-(at least 1) so every length processes the same number of tokens. TFLOP/s use the op's
-multiply-add count per token and head, L(R+D) + 4LM + 4M(R+D) + 4M² (docs/design.md §4; ×3 for
-fwd+bwd), and 2·T·d per token and head for causal attention (×2.5 for fwd+bwd).
-"id" columns run the chunked op on the Triton kernels (state scan and the intra-chunk passes,
-forward and backward), "id … torch" on its PyTorch GEMM path, so one run shows which is faster.
+Shapes: H = 16, R = D = M = 64, chunk 64, bf16 q, k, v, precision "auto" (TF32 products; bf16
+products timed beside it, for the choice of docs/precision.md), and
+B = 65,536 // T rows, so every length processes the same tokens. TFLOP/s use the op's
+multiply-adds per token and head, L(R+D) + 4LM + 4M(R+D) + 4M² (docs/design.md §4; ×3 for
+forward+backward), and SDPA's causal 2·T·d per token and head (×2.5 for forward+backward).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -25,20 +28,14 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
 
-from idmix.functional import (  # noqa: E402
-    complex_A,
-    discretize,
-    interdomain_attention,
-    interdomain_decode_step_real,
-    log_uniform_dt,
-    readout_gram,
-    s4d_inv_init,
-)
-
 H, R, D, M, L = 16, 64, 64, 64, 64
+TOKENS = 65536
+LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+CONTEXTS = (512, 2048, 8192, 32768, 131072)
 
 
 def timer(device):
+    """seconds per call of fn (CUDA events on a GPU; wall clock on CPU)."""
     if device == "cuda":
 
         def run(fn, reps):
@@ -51,182 +48,207 @@ def timer(device):
             end.record()
             torch.cuda.synchronize()
             return start.elapsed_time(end) / reps / 1e3
-    else:
 
-        def run(fn, reps):
+        return run
+
+    def run(fn, reps):
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(reps):
             fn()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            return (time.perf_counter() - t0) / reps
+        return (time.perf_counter() - t0) / reps
 
     return run
 
 
-def params(device):
-    log_re, im = s4d_inv_init(H, M)
-    lam, beta = discretize(torch.exp(log_uniform_dt(H)), complex_A(log_re, im))
-    C = torch.randn(H, M, M, dtype=torch.complex64) / M
+def params(device, heads):
+    from idmix.functional import complex_A, discretize, log_uniform_dt, s4d_inv_init
+
+    log_re, im = s4d_inv_init(heads, M)
+    lam, beta = discretize(torch.exp(log_uniform_dt(heads)), complex_A(log_re, im))
+    C = torch.randn(heads, M, M, dtype=torch.complex64) / M
     return [t.to(device).requires_grad_() for t in (lam, beta, C)]
 
 
-def training_fns(device, T, B, lam, beta, C):
-    """(interdomain fwd, fwd+bwd on the Triton kernels, the same two on the PyTorch GEMM path,
-    SDPA fwd, fwd+bwd) closures at length T and batch B."""
-    q, k, v = (
-        torch.randn(B, T, H, R, device=device, dtype=torch.bfloat16, requires_grad=True)
-        for _ in range(3)
-    )
-    qs, ks, vs = (
-        torch.randn(B, H, T, R, device=device, dtype=torch.bfloat16, requires_grad=True)
-        for _ in range(3)
-    )
+def flash_context(device):
+    """SDPA restricted to its flash backend on a GPU (an error if it cannot run), any on CPU."""
+    if device != "cuda":
+        return lambda: _nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    def ours(backend="triton"):
-        return interdomain_attention(q, k, v, lam, beta, C, chunk_size=L, backend=backend)
+    return lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def training_row(device, T, B, heads, lam, beta, C, reps, sdpa_ctx):
+    from idmix.functional import interdomain_attention
+
+    def leaf(*shape):
+        return torch.randn(*shape, device=device, dtype=torch.bfloat16, requires_grad=True)
+
+    q, k, v = leaf(B, T, heads, R), leaf(B, T, heads, R), leaf(B, T, heads, D)
+    qs, ks, vs = leaf(B, heads, T, R), leaf(B, heads, T, R), leaf(B, heads, T, D)
+
+    def ours(precision="auto"):
+        return interdomain_attention(
+            q, k, v, lam, beta, C, chunk_size=L, backend="triton", precision=precision
+        )
+
+    def ours_bf16():
+        return ours("bf16")
 
     def sdpa():
-        return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-
-    def no_grad(fn):
-        return torch.no_grad()(fn)
+        with sdpa_ctx():
+            return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
 
     def fwd_bwd(fn):
         return lambda: fn().float().sum().backward()
 
-    return (
-        no_grad(ours),
-        fwd_bwd(ours),
-        no_grad(lambda: ours("torch")),
-        fwd_bwd(lambda: ours("torch")),
-        no_grad(sdpa),
-        fwd_bwd(sdpa),
-    )
-
-
-def training_table(device, lengths, tokens, reps):
     time_it = timer(device)
-    lam, beta, C = params(device)
-    per_tok_id = L * (R + D) + 4 * L * M + 4 * M * (R + D) + 4 * M * M  # multiply-adds
-    rows = []
-    for T in lengths:
-        B = max(1, tokens // T)
-        fns = dict(
-            zip(
-                ("of", "ofb", "oft", "ofbt", "sf", "sfb"),
-                training_fns(device, T, B, lam, beta, C),
-                strict=True,
-            )
-        )
-        t = {n: time_it(f, reps) for n, f in fns.items()}
-        flop_id = 2 * per_tok_id * B * T * H
-        flop_sd = 2 * T * R * B * T * H  # causal: half of 2 matmuls of 2·T·d flops per query
-        rows.append(
-            [
-                str(T),
-                str(B),
-                f"{t['of'] * 1e3:.2f}",
-                f"{t['oft'] * 1e3:.2f}",
-                f"{t['sf'] * 1e3:.2f}",
-                f"{t['sf'] / t['of']:.2f}x",
-                f"{t['ofb'] * 1e3:.2f}",
-                f"{t['ofbt'] * 1e3:.2f}",
-                f"{t['sfb'] * 1e3:.2f}",
-                f"{t['sfb'] / t['ofb']:.2f}x",
-                f"{flop_id / t['of'] / 1e12:.1f}",
-                f"{flop_sd / t['sf'] / 1e12:.1f}",
-                f"{3 * flop_id / t['ofb'] / 1e12:.1f}",
-                f"{2.5 * flop_sd / t['sfb'] / 1e12:.1f}",
-            ]
-        )
-    print_table(
-        f"Training path on {device}: H={H} R=D=M={M} bf16 (ms; speed-up = SDPA / interdomain)",
-        [
-            "T",
-            "B",
-            "id fwd",
-            "id fwd torch",
-            "sdpa fwd",
-            "fwd x",
-            "id f+b",
-            "id f+b torch",
-            "sdpa f+b",
-            "f+b x",
-            "id TF/s fwd",
-            "sdpa TF/s fwd",
-            "id TF/s f+b",
-            "sdpa TF/s f+b",
-        ],
-        rows,
-    )
+    with torch.no_grad():
+        t_of, t_ob, t_sf = time_it(ours, reps), time_it(ours_bf16, reps), time_it(sdpa, reps)
+    t_ofb, t_obb = time_it(fwd_bwd(ours), reps), time_it(fwd_bwd(ours_bf16), reps)
+    t_sfb = time_it(fwd_bwd(sdpa), reps)
+    per_tok = L * (R + D) + 4 * L * M + 4 * M * (R + D) + 4 * M * M  # multiply-adds
+    flop_id, flop_sd = 2 * per_tok * B * T * heads, 2 * T * R * B * T * heads
+    return [
+        str(T), str(B),
+        f"{t_of * 1e3:.3f}", f"{t_ob * 1e3:.3f}", f"{t_sf * 1e3:.3f}", f"{t_sf / t_of:.2f}x",
+        f"{t_ofb * 1e3:.3f}", f"{t_obb * 1e3:.3f}", f"{t_sfb * 1e3:.3f}", f"{t_sfb / t_ofb:.2f}x",
+        f"{flop_id / t_of / 1e12:.0f}", f"{3 * flop_id / t_ofb / 1e12:.0f}",
+        f"{flop_sd / t_sf / 1e12:.0f}", f"{2.5 * flop_sd / t_sfb / 1e12:.0f}",
+    ]  # fmt: skip
 
 
-def decode_fns(device, ctx, lam, beta, G):
-    """Decode-step closures at one context: interdomain (torch, triton backends) and SDPA."""
-    q, k, v = (torch.randn(1, H, R, device=device) for _ in range(3))
-    state = torch.zeros(1, H, R + D, 2 * M, device=device)  # the runtime (real) state
-    kc = torch.randn(1, H, ctx + 1, R, device=device, dtype=torch.bfloat16)
-    vc = torch.randn(1, H, ctx + 1, D, device=device, dtype=torch.bfloat16)
+TRAINING_HEADER = [
+    "T", "B", "ours fwd ms", "ours fwd bf16 ms", "SDPA fwd ms", "fwd ×", "ours f+b ms",
+    "ours f+b bf16 ms", "SDPA f+b ms", "f+b ×", "ours TF/s fwd", "ours TF/s f+b",
+    "SDPA TF/s fwd", "SDPA TF/s f+b",
+]  # fmt: skip
+
+
+@torch.no_grad()
+def decode_row(device, ctx, heads, lam, beta, G, reps, sdpa_ctx):
+    from idmix.functional import interdomain_decode_step_real
+
+    q, k, v = (torch.randn(1, heads, R, device=device) for _ in range(3))
+    state = torch.zeros(1, heads, R + D, 2 * M, device=device)
+    kc = torch.randn(1, heads, ctx + 1, R, device=device, dtype=torch.bfloat16)
+    vc = torch.randn(1, heads, ctx + 1, D, device=device, dtype=torch.bfloat16)
     qb = q.to(torch.bfloat16)[:, :, None]
+    lam_ri, beta_ri = torch.view_as_real(lam), torch.view_as_real(beta)
 
     def step(backend):
-        lam_ri, beta_ri = torch.view_as_real(lam), torch.view_as_real(beta)
         return lambda: interdomain_decode_step_real(
             q, k, v, lam_ri, beta_ri, G, state, backend=backend
         )
 
-    return {
-        "torch": step("torch"),
-        "triton": step("triton"),
-        "sdpa": lambda: F.scaled_dot_product_attention(qb, kc, vc),
-    }
+    def sdpa():
+        with sdpa_ctx():
+            return F.scaled_dot_product_attention(qb, kc, vc)
 
-
-@torch.no_grad()
-def decode_table(device, contexts, reps):
     time_it = timer(device)
-    lam, beta, C = (t.detach() for t in params(device))
-    G = readout_gram(C)
-    rows, first = [], {}
-    for ctx in contexts:
-        times = {}
-        for name, fn in decode_fns(device, ctx, lam, beta, G).items():
-            try:
-                times[name] = time_it(fn, reps)
-            except Exception as e:  # noqa: BLE001 - report, do not hide
-                print(f"decode {name} failed: {type(e).__name__}: {e}")
-                times[name] = float("nan")
-        first = first or dict(times)
-        rows.append(
-            [str(ctx)]
-            + [f"{times[n] * 1e6:.1f}" for n in ("triton", "torch", "sdpa")]
-            + [f"{times['triton'] / first['triton']:.3f}"]
-        )
-    print_table(
-        f"Decode step on {device}, B=1, all {H} heads (us)",
-        ["context", "id triton", "id torch", "sdpa", "triton flat"],
-        rows,
-    )
+    t = {name: time_it(fn, reps) for name, fn in (("triton", step("triton")), ("sdpa", sdpa))}
+    return [str(ctx), f"{t['triton'] * 1e6:.1f}", f"{t['sdpa'] * 1e6:.1f}"], t["triton"]
 
 
-def main():
+def autotune_choices() -> list[list[str]]:
+    """The config each autotuned kernel settled on, per key it met."""
+    import idmix_kernels.chunk_intra as fwd
+    import idmix_kernels.chunk_intra_bwd as bwd
+    import idmix_kernels.selective_intra as sel
+    from triton.runtime.autotuner import Autotuner
+
+    rows = []
+    for module in (fwd, bwd, sel):
+        for name in sorted(dir(module)):
+            kernel = getattr(module, name)
+            if isinstance(kernel, Autotuner):
+                rows += [[name, str(key[:3]), str(c)] for key, c in kernel.cache.items()]
+    return rows
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true")
-    args = ap.parse_args()
+    ap.add_argument("--markdown", type=Path, help="write the report here")
+    args = ap.parse_args(argv)
     torch.manual_seed(0)
     if args.dry_run:
-        import os
-
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        global H
-        H = 2
-        training_table("cpu", [128, 256], tokens=256, reps=1)
-        decode_table("cpu", [128, 512], reps=2)
-        return
-    if not torch.cuda.is_available():
+        device, heads, lengths, tokens, contexts, reps = "cpu", 2, (128,), 128, (64, 128), 1
+    elif torch.cuda.is_available():
+        device, heads, lengths, tokens, contexts, reps = "cuda", H, LENGTHS, TOKENS, CONTEXTS, 5
+    else:
         sys.exit("bench_gpu.py needs a CUDA device (or --dry-run)")
-    training_table("cuda", [1024, 2048, 4096, 8192, 16384, 32768], tokens=65536, reps=5)
-    decode_table("cuda", [512, 2048, 8192, 32768, 131072], reps=200)
+    from idmix.functional import readout_gram
+
+    t0 = time.perf_counter()
+    lam, beta, C = params(device, heads)
+    sdpa_ctx = flash_context(device)
+    train = []
+    for T in lengths:
+        train.append(
+            training_row(device, T, max(1, tokens // T), heads, lam, beta, C, reps, sdpa_ctx)
+        )
+        print_table("training (so far)", TRAINING_HEADER, train[-1:])
+    G = readout_gram(C.detach())
+    decode, first = [], None
+    for ctx in contexts:
+        steps = 50 * reps if device == "cuda" else 2
+        row, t = decode_row(device, ctx, heads, lam.detach(), beta.detach(), G, steps, sdpa_ctx)
+        first = first or t
+        decode.append([*row, f"{t / first:.3f}"])
+    decode_header = ["context", "ours step µs", "SDPA step µs", "ours / ours at first"]
+    print_table("training", TRAINING_HEADER, train)
+    print_table("decode", decode_header, decode)
+    if args.markdown:
+        write_report(
+            args.markdown, device, heads, train, decode, decode_header, time.perf_counter() - t0
+        )
+
+
+def write_report(path: Path, device, heads, train, decode, decode_header, seconds) -> None:
+    import triton
+
+    name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
+    lines = [
+        f"# GPU benchmark: {name}",
+        "",
+        f"torch {torch.__version__}, triton {triton.__version__}; written by "
+        f"`benchmarks/bench_gpu.py` in {seconds:.0f} s. H = {heads}, R = D = M = 64, chunk 64, "
+        "bf16 inputs, precision 'auto' (the bf16 columns: precision 'bf16'); × = SDPA time / "
+        "ours at 'auto' (above 1: ours is faster).",
+        "",
+        "## Training path (the chunked op on the Triton kernels vs SDPA flash, causal)",
+        "",
+        *_markdown(TRAINING_HEADER, train),
+        "",
+        "## Decode step (B = 1, all heads; SDPA reads a bf16 KV cache of the context)",
+        "",
+        *_markdown(decode_header, decode),
+        "",
+        "## Autotune choices",
+        "",
+        *_markdown(["kernel", "key (first fields)", "config"], autotune_choices() or [["-"] * 3]),
+        "",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+    print(f"wrote {path}")
+
+
+def _markdown(header, rows):
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ DEVICES = {
     80: dict(name="sm_80 (A100)", max_shared=166912, sm_shared=167936, regs=65536),
 }
 # kernels whose work is not a matrix product: elementwise recurrences and matrix-vector steps
-NO_TENSOR_CORES = {"_chunk_scan_kernel", "_decode_step_kernel", "_grads_kernel"}
+NO_TENSOR_CORES = {"_states_bwd_kernel", "_decode_step_kernel", "_grads_kernel"}
 SASS_OPS = ("HGMMA", "HMMA", "FFMA", "LDL", "STL", "LDS", "STS")
 
 
@@ -242,13 +242,14 @@ def _judge(f: Facts) -> None:
 # --- the launch sites, driven at given shapes -------------------------------------------------
 
 
-def chunked_case(T, H, R, D, M, L, reset: bool, precision: str, B=1):
+def chunked_case(T, H, R, D, M, L, reset: bool, precision: str, B=1, dtype=torch.bfloat16):
     """The chunked op's forward and backward on the Triton kernels (chunked._forward_impl and
-    _backward_impl, as the custom op runs them), at one shape."""
+    _backward_impl, as the custom op runs them), at one shape, with q, k, v in dtype (bf16: what
+    a bf16 model hands the op)."""
     from idmix.functional.interdomain import chunked
 
-    q, k = torch.empty(B, T, H, R), torch.empty(B, T, H, R)
-    v = torch.empty(B, T, H, D)
+    q, k = torch.empty(B, T, H, R, dtype=dtype), torch.empty(B, T, H, R, dtype=dtype)
+    v = torch.empty(B, T, H, D, dtype=dtype)
     lam = torch.full((H, M, 2), 0.5)
     decays = chunked.chunk_decay_inputs(lam, lam, T, L)
     G = torch.empty(H, 2 * M, 2 * M)

@@ -7,7 +7,7 @@ set ``TRITON_INTERPRET=1`` before this package is imported.
 
 from .chunk_intra import intra_chunk_pass1, intra_chunk_pass2
 from .chunk_intra_bwd import intra_chunk_pass1_backward, intra_chunk_pass2_backward
-from .chunk_scan import chunk_scan
+from .chunk_states import chunk_states, chunk_states_backward
 from .decode_step import decode_step_triton
 from .selective_intra import (
     selective_pair_grads,
@@ -17,7 +17,8 @@ from .selective_intra import (
 )
 
 __all__ = [
-    "chunk_scan",
+    "chunk_states",
+    "chunk_states_backward",
     "decode_step_triton",
     "intra_chunk_pass1",
     "intra_chunk_pass1_backward",

@@ -221,35 +221,44 @@ def _pass1_bwd_state_kernel(
     s_rb, s_rn,
     s_xb, s_xh, s_xn, s_xr,
     HAS_RESET: tl.constexpr, PREC: tl.constexpr,
-    BL: tl.constexpr, BR: tl.constexpr, BM: tl.constexpr,
+    BL: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     """y = q Xᵏ, dy = conj(λ^{t+1}) ⊙ dp; dq += dy Xᵏᵀ; dXᵏ = qᵀ dy; the start partial
-    conj(y) ⊙ dp."""
+    conj(y) ⊙ dp. The features are walked in blocks of BK, each holding its block of dq
+    through the pass over the modes (the first block also forms y, over every feature block)."""
     b, h, n = program_bhn(H, N)
-    ll, rr = tl.arange(0, BL), tl.arange(0, BR)
+    ll = tl.arange(0, BL)
     if HAS_RESET:
         valid, _ = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
     q_base = q_ptr + b * s_qb + h * s_qh + n * s_qn
-    q = operand(load_tile(q_base, ll, rr, s_ql, 1, L, R), PREC)
     dp_base = dp_ptr + b * s_pb + h * s_ph + n * s_pn
     sk_base = st_ptr + b * s_sb + h * s_sh + n * s_sn
     dxk_base = dxk_ptr + b * s_xb + h * s_xh + n * s_xn
     gs_base = gstart_ptr + b * s_pb + h * s_ph + n * s_pn
     dq_base = dq_ptr + b * s_qb + h * s_qh + n * s_qn
-    dq = load_tile(dq_base, ll, rr, s_ql, 1, L, R)
-    for m0 in range(0, M, BM):
-        cc = 2 * m0 + tl.arange(0, 2 * BM)
-        dp = load_tile(dp_base, ll, cc, s_pl, 1, L, 2 * M)
-        sk = load_tile(sk_base, rr, cc, s_sc, 1, R, 2 * M)
-        y = mma(q, sk, None, PREC)
-        dy = cmul(load_tile(dstart_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M), dp, True)
-        if HAS_RESET:
-            y = tl.where(valid[:, None], y, 0.0)
-            dy = tl.where(valid[:, None], dy, 0.0)
-        store_tile(gs_base, ll, cc, s_pl, 1, L, 2 * M, cmul(y, dp, True))
-        dq = mma(dy, tl.trans(sk), dq, PREC)
-        store_tile(dxk_base, rr, cc, s_xr, 1, R, 2 * M, mma(tl.trans(q), dy, None, PREC))
-    store_tile(dq_base, ll, rr, s_ql, 1, L, R, dq)
+    for r0 in range(0, R, BK):
+        rk = r0 + tl.arange(0, BK)
+        q = operand(load_tile(q_base, ll, rk, s_ql, 1, L, R), PREC)
+        dq = load_tile(dq_base, ll, rk, s_ql, 1, L, R)
+        for m0 in range(0, M, BM):
+            cc = 2 * m0 + tl.arange(0, 2 * BM)
+            dp = load_tile(dp_base, ll, cc, s_pl, 1, L, 2 * M)
+            dy = cmul(load_tile(dstart_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M), dp, True)
+            if HAS_RESET:
+                dy = tl.where(valid[:, None], dy, 0.0)
+            sk = load_tile(sk_base, rk, cc, s_sc, 1, R, 2 * M)
+            dq = mma(dy, tl.trans(sk), dq, PREC)
+            store_tile(dxk_base, rk, cc, s_xr, 1, R, 2 * M, mma(tl.trans(q), dy, None, PREC))
+            if r0 == 0:  # y = Σ over every feature block of q Xᵏ, and the start partial
+                y = tl.zeros((BL, 2 * BM), dtype=tl.float32)
+                for r1 in range(0, R, BK):
+                    rj = r1 + tl.arange(0, BK)
+                    qj = load_tile(q_base, ll, rj, s_ql, 1, L, R)
+                    y = mma(qj, load_tile(sk_base, rj, cc, s_sc, 1, R, 2 * M), y, PREC)
+                if HAS_RESET:
+                    y = tl.where(valid[:, None], y, 0.0)
+                store_tile(gs_base, ll, cc, s_pl, 1, L, 2 * M, cmul(y, dp, True))
+        store_tile(dq_base, ll, rk, s_ql, 1, L, R, dq)
 
 
 def intra_chunk_pass2_backward(
@@ -310,6 +319,6 @@ def intra_chunk_pass1_backward(dp, q, zT, starts, d_start, d_end, reset=None, pr
             dp, q, starts, d_start, r, dq, dxk, g_start,
             H, N, L, R, twoM // 2,
             *dp.stride()[:4], *q.stride()[:4], *starts.stride()[:4], *d_start.stride()[:2],
-            s_rb, s_rn, *dxk.stride()[:4], **meta, BR=block(R),
+            s_rb, s_rn, *dxk.stride()[:4], **meta, BK=min(block(R), 64),
         )  # fmt: skip
     return dq, dkT, dxk, g_end, g_start

@@ -75,6 +75,8 @@ CHUNKED_CASES = [
     (1, 130, 2, 4, 4, 3, 32, (1e-3, 1e-1), {0: [64, 65, 129]}, "product", torch.float32),
     # several mode blocks (the interpreter's BM is 8) and feature blocks (BK = 32), all ragged
     (1, 45, 1, 40, 36, 20, 16, (1e-3, 1e-1), {0: [30]}, "conj", torch.float32),
+    # bf16 inputs without resets: the kernels read the bf16 chunk copies as they are
+    (1, 40, 2, 5, 4, 3, 16, (1e-3, 1e-1), {}, "product", torch.bfloat16),
 ]
 # precision="tf32"/"bf16": the kernels against the PyTorch path at the same precision (its
 # rounding emulated, precision.py). The two round the same operands; what differs is the order

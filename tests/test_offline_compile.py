@@ -43,7 +43,7 @@ def test_ptxas_report_is_read_and_a_stack_frame_is_no_spill():
     f = Facts("_pass1_kernel", "c", 90, 4, {}, {"PREC": 1}, 1024, **report, compile_s=0, sass=sass)
     _judge(f)
     assert f.problems == ["no tensor-core instructions in a matrix-product kernel"]
-    spilled = Facts("_chunk_scan_kernel", "c", 90, 4, {}, {}, 0, 255, 8, 8, 4, 0, sass=sass)
+    spilled = Facts("_states_bwd_kernel", "c", 90, 4, {}, {}, 0, 255, 8, 8, 4, 0, sass=sass)
     _judge(spilled)
     assert spilled.problems == ["spills: 8 B stored / 4 B loaded"]
     with pytest.raises(RuntimeError, match="no ptxas report"):
@@ -56,12 +56,12 @@ def test_the_chunked_kernels_compile_clean_for_sm90(tmp_path):
     out, facts = compile_check(tmp_path, "--tier", "smoke", "--jobs", "1")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     kernels = {f["kernel"] for f in facts}
-    expected = {"_pass1_kernel", "_pass2_kernel", "_chunk_scan_kernel"}
+    expected = {"_pass1_kernel", "_pass2_kernel", "_states_fwd_kernel", "_states_bwd_kernel"}
     expected |= {f"_pass{i}_bwd_{part}_kernel" for i in (1, 2) for part in ("lag", "state")}
     assert expected <= kernels
     for f in facts:
         assert f["spill_stores"] == 0 and f["shared"] <= 232448, f
-        if f["kernel"] != "_chunk_scan_kernel":
+        if f["kernel"] != "_states_bwd_kernel":  # the reverse scan: no products
             assert f["sass"]["HGMMA"] > 0, f
     assert "0 with problems" in out.stdout
 

@@ -74,9 +74,12 @@ def _chunked_real(q, k, v, lam_ri, beta_ri, G_hat, Z0, chunk_size, reset, backen
         kernels = kernels_for(q_, backend)
         o, Z = selective_chunked(q_, k_, v_, lam_, beta_, G, Z0, L, reset, kernels, precision)
         return o.to(q.dtype), Z
+    # the shared path takes q, k, v as they are: its chunk copies cast them (to fp32 for the
+    # PyTorch path; the kernels read bf16 and fp16 themselves), and o comes back in q's dtype
     decays = list(chunk_decay_inputs(lam_ri.to(rdtype), beta_ri.to(rdtype), T, chunk_size))
-    o, Z, _ = chunked_forward(q_, k_, v_, decays, G, Z0, reset, chunk_size, backend, precision)
-    return o.to(q.dtype), Z
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    o, Z, _ = chunked_forward(q, k, v, decays, G, Z0, reset, chunk_size, backend, precision)
+    return o, Z
 
 
 def interdomain_attention_real(

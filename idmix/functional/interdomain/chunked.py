@@ -1,10 +1,10 @@
 """Chunked two-pass O(T) algorithm (docs/design.md §4) in real-valued batched GEMMs.
 
 The sequence is cut into chunks of L positions, and chunks are grouped into segments of
-about ``SEGMENT_TOKENS`` positions. Within a segment every step is a batched matmul over all
-its chunks; the only sequential work is the chunk-state carry (one complex multiply-add per
-chunk). Nothing of size T·M·(R+D) is ever held: besides inputs and output, memory is bounded
-by one segment. The backward pass is written out by hand (no autograd through the chunk
+about ``SEGMENT_TOKENS`` positions (on a GPU, as many as ``segment_tokens`` allows). Within a
+segment every step is a batched matmul over all its chunks; the only sequential work is the
+chunk-state carry (one complex multiply-add per chunk). Nothing of size T·M·(R+D) is ever
+held: besides inputs and output, memory is bounded by one segment. The backward pass is written out by hand (no autograd through the chunk
 loop); it recomputes one segment at a time from the state stored at its start, which is all
 the forward keeps besides its inputs.
 
@@ -31,17 +31,32 @@ from .realform import as_interleaved as _r
 from .realform import cmul, cmul_conj, dot_conj
 
 SEGMENT_TOKENS = 512
+# On a GPU a segment holds this many token·heads (B·H·positions; about 8 KB each in the
+# backward, so ~4 GB at most): short segments there would leave the kernels launch-bound.
+GPU_SEGMENT_TOKEN_HEADS = 2**19
+
+
+def segment_tokens(q: torch.Tensor, L: int) -> int:
+    """Positions per segment for inputs like q (B, T, H, ·): SEGMENT_TOKENS on CPU (a segment's
+    working set stays in cache), GPU_SEGMENT_TOKEN_HEADS / (B·H) on CUDA; whole chunks."""
+    if not q.is_cuda:
+        return SEGMENT_TOKENS
+    per_row = GPU_SEGMENT_TOKEN_HEADS // max(1, q.shape[0] * q.shape[2])
+    return max(L, max(SEGMENT_TOKENS, per_row) // L * L)
 
 
 def kernels_for(x: torch.Tensor, backend: str):
     """The idmix_kernels module when the Triton kernels should run for x, else None.
-    "auto": fp32 CUDA tensors with triton installed; "torch", "inductor": never; "triton":
-    always (CPU only under TRITON_INTERPRET=1). The kernels compute in fp32: fp64 stays on torch."""
+    "auto": CUDA tensors with triton installed; "torch", "inductor": never; "triton": always
+    (CPU only under TRITON_INTERPRET=1). The kernels take fp32, bf16 or fp16 inputs and compute
+    in fp32: fp64 stays on torch."""
     if backend in ("torch", "inductor") or (backend == "auto" and not x.is_cuda):
         return None
-    if x.dtype != torch.float32:
+    if x.dtype == torch.float64:
         if backend == "triton":
-            raise ValueError(f"backend='triton': the kernels take fp32 (and lower), got {x.dtype}")
+            raise ValueError(
+                "backend='triton': the kernels compute in fp32; fp64 inputs take 'torch'"
+            )
         return None
     try:
         import idmix_kernels
@@ -103,16 +118,12 @@ def _carry(c, masks, j):
     return c if masks is None else c * masks.carry[:, j, None, None, None]
 
 
-def _scan(inc, Z0, c, masks=None, kernels=None):
+def _scan(inc, Z0, c, masks=None):
     """Linear recurrence over chunks: S_0 = Z0, S_{j+1} = c ⊙ S_j + inc_j, on interleaved reals.
 
     inc: (B, H, N, C, 2M); Z0: (B, H, C, 2M); c: (H, 2M).
     Returns (starts: (B, H, N, C, 2M) = S_0..S_{N-1}, contiguous; S_N: (B, H, C, 2M)).
     """
-    if kernels is not None:
-        carry = None if masks is None else masks.carry
-        starts, end = kernels.chunk_scan(_c(inc), _c(Z0), _c(c), carry)
-        return _r(starts), _r(end)
     c = c[:, None, :]
     N = inc.shape[2]
     if torch.compiler.is_compiling():  # functional, no complex views
@@ -129,15 +140,11 @@ def _scan(inc, Z0, c, masks=None, kernels=None):
     return _r(starts), _r(end)
 
 
-def _scan_adjoint(g_S, g_end, c, masks=None, kernels=None):
+def _scan_adjoint(g_S, g_end, c, masks=None):
     """Adjoint of :func:`_scan`: G_N = g_end, G_j = g_S_j + conj(c) ⊙ G_{j+1}.
 
     Returns (G_1..G_N: (B, H, N, C, 2M), the gradients of the increments; G_0 = grad of Z0).
     """
-    if kernels is not None:
-        carry = None if masks is None else masks.carry
-        g_inc, g_0 = kernels.chunk_scan(_c(g_S), _c(g_end), _c(c), carry, reverse=True)
-        return _r(g_inc), _r(g_0)
     c = c[:, None, :]
     N = g_S.shape[2]
     if torch.compiler.is_compiling():
@@ -157,7 +164,7 @@ def _scan_adjoint(g_S, g_end, c, masks=None, kernels=None):
 class _Saved:
     """Forward intermediates of one segment, kept only while its backward runs."""
 
-    __slots__ = ("zT", "starts", "y", "lagged", "p", "w", "u", "mix")
+    __slots__ = ("starts", "y", "lagged", "p", "w", "u", "mix")
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -178,14 +185,21 @@ def _bmm_acc(acc, a, b, precision: str) -> torch.Tensor:
 
 
 def _chunk_starts(zT, dec: ChunkDecays, Z0, masks, kernels, precision):
-    """The inter-chunk pass of one segment. Returns (zc: the inputs that reach their chunk's
-    end (zT masked by document), chunk-start states (B, H, N, R+D, 2M), Z_end (B, H, R+D, 2M))."""
-    zc = zT if masks is None else zT * masks.contrib
-    inc = matmul(zc.flatten(2, 3), dec.end, precision).view(
+    """The inter-chunk pass of one segment. Returns (chunk-start states (B, H, N, R+D, 2M),
+    Z_end (B, H, R+D, 2M)). With kernels, one fused kernel (the increments are tile products
+    inside the scan, never stored)."""
+    if kernels is not None:
+        reset = None if masks is None else masks.reset
+        return kernels.chunk_states(zT, dec.end, dec.chunk, Z0, reset, precision)
+    inc = matmul(_reaching_end(zT, masks).flatten(2, 3), dec.end, precision).view(
         *zT.shape[:3], -1, dec.end.shape[-1]
     )  # Σ βλ^{L-1-s} z_s
-    starts, Z_end = _scan(inc, Z0, dec.chunk, masks, kernels)
-    return zc, starts, Z_end
+    return _scan(inc, Z0, dec.chunk, masks)
+
+
+def _reaching_end(zT, masks):
+    """zT with the inputs a later document start cuts off their chunk's end zeroed."""
+    return zT if masks is None else zT * masks.contrib
 
 
 def _segment_forward(
@@ -201,7 +215,7 @@ def _segment_forward(
     B, H, N, L, R = q.shape
     kT, v = zT[..., :R, :], zT[..., R:, :].mT
     f = _Saved()
-    f.zT, starts, Z_end = _chunk_starts(zT, dec, Z0, masks, kernels, precision)
+    starts, Z_end = _chunk_starts(zT, dec, Z0, masks, kernels, precision)
     f.starts = starts
     if kernels is not None and not keep:
         reset = None if masks is None else masks.reset
@@ -239,7 +253,7 @@ class _IntraGrads(NamedTuple):
     dq: torch.Tensor  # (B, H, N, L, R)
     dkT: torch.Tensor  # (B, H, N, R, L)
     dvT: torch.Tensor  # (B, H, N, D, L)
-    dS: torch.Tensor  # (B, H, N, R+D, 2M) of the chunk-start states
+    dS: tuple[torch.Tensor, torch.Tensor]  # (B, H, N, R | D, 2M): of the start states' rows
     d_start: torch.Tensor  # (H, L, 2M)
     d_end: torch.Tensor  # (H, L, 2M), the intra-chunk part
     dG: torch.Tensor  # (H, 2M, 2M)
@@ -276,8 +290,7 @@ def _intra_backward_torch(f: _Saved, q, zT, dec, G_hat, do, masks, precision) ->
     # y = q Xᵏ, scores = q kᵀ
     dq = mm(dy, starts[..., :R, :].transpose(-1, -2)) + mm(d_scores, kT.mT)
     dkT = mm(q.transpose(-1, -2), d_scores)  # (B, H, N, R, L)
-    dS = torch.cat([mm(q.transpose(-1, -2), dy), dXv], dim=-2)  # (B, H, N, R+D, 2M)
-    return _IntraGrads(dq, dkT, dvT, dS, d_start, d_end, dG)
+    return _IntraGrads(dq, dkT, dvT, (mm(q.transpose(-1, -2), dy), dXv), d_start, d_end, dG)
 
 
 def _intra_backward_kernels(kernels, starts, q, zT, dec, G_hat, do, masks, precision):
@@ -294,8 +307,9 @@ def _intra_backward_kernels(kernels, starts, q, zT, dec, G_hat, do, masks, preci
     dq, dkT, dXk, ge1, gs1 = kernels.intra_chunk_pass1_backward(
         dp, q, zT, starts, dec.start, dec.end, reset, precision
     )
-    d_start, d_end = (gs1 + gs2).sum((0, 2)), (ge1 + ge2).sum((0, 2))
-    return _IntraGrads(dq, dkT, dv.mT, torch.cat([dXk, dXv], -2), d_start, d_end, dG)
+    d_start = gs1.sum((0, 2)) + gs2.sum((0, 2))  # each read once, no temporary
+    d_end = ge1.sum((0, 2)) + ge2.sum((0, 2))
+    return _IntraGrads(dq, dkT, dv.mT, (dXk, dXv), d_start, d_end, dG)
 
 
 def _segment_backward(
@@ -306,16 +320,20 @@ def _segment_backward(
     if kernels is None:
         _, _, f = _segment_forward(q, zT, dec, G_hat, Z0, masks, True, None, precision)
         g = _intra_backward_torch(f, q, zT, dec, G_hat, do, masks, precision)
-        starts, zc = f.starts, f.zT
+        # g_inc: the gradient of each chunk's increment, (B, H, N, R+D, 2M)
+        g_inc, dZ0 = _scan_adjoint(torch.cat(g.dS, dim=-2), dZ_end, dec.chunk, masks)
+        d_chunk = dot_conj(f.starts, g_inc, dim=-2)  # (B, H, N, 2M)
+        if masks is not None:
+            d_chunk = d_chunk * masks.carry[:, None, :, None]
+        d_chunk = d_chunk.sum((0, 2))
     else:  # only the chunk-start states are recomputed here; the passes recompute inside
-        zc, starts, _ = _chunk_starts(zT, dec, Z0, masks, kernels, precision)
+        starts, _ = _chunk_starts(zT, dec, Z0, masks, kernels, precision)
         g = _intra_backward_kernels(kernels, starts, q, zT, dec, G_hat, do, masks, precision)
-    # g_inc: the gradient of each chunk's increment, (B, H, N, R+D, 2M)
-    g_inc, dZ0 = _scan_adjoint(g.dS, dZ_end, dec.chunk, masks, kernels)
-    d_chunk = dot_conj(starts, g_inc, dim=-2)  # (B, H, N, 2M)
-    if masks is not None:
-        d_chunk = d_chunk * masks.carry[:, None, :, None]
-    d_chunk = d_chunk.sum((0, 2))
+        reset = None if masks is None else masks.reset
+        g_inc, dZ0, d_chunk = kernels.chunk_states_backward(
+            *g.dS, dZ_end, dec.chunk, starts, q.shape[3], reset
+        )
+    zc = _reaching_end(zT, masks).to(g_inc.dtype)  # the kernels' chunk copies keep bf16/fp16
     d_end = g.d_end + matmul(zc.flatten(2, 3).mT, g_inc.flatten(2, 3), precision).sum(0)
     dzT = matmul(g_inc.flatten(2, 3), dec.end.mT, precision).view(zc.shape)  # (B, H, N, R+D, L)
     if masks is not None:
@@ -325,9 +343,10 @@ def _segment_backward(
     return g.dq, dzT, ChunkDecays(g.d_start, d_end, d_chunk), g.dG, dZ0
 
 
-def _plan(T: int, L: int) -> list[tuple[int, int, int]]:
-    """Pieces (t0, n_chunks, chunk_len) covering [0, T): full segments, then a ragged tail."""
-    per_seg = max(1, SEGMENT_TOKENS // L)
+def _plan(T: int, L: int, seg: int) -> list[tuple[int, int, int]]:
+    """Pieces (t0, n_chunks, chunk_len) covering [0, T): full segments of seg positions, then
+    a ragged tail."""
+    per_seg = max(1, seg // L)
     full = T // L
     pieces = [(c * L, min(per_seg, full - c), L) for c in range(0, full, per_seg)]
     if T % L:
@@ -342,15 +361,16 @@ def _chunk_view(x: torch.Tensor, t0: int, n: int, L: int, transpose: bool) -> to
     return x.permute(0, 3, 1, 4, 2) if transpose else x.permute(0, 3, 1, 2, 4)
 
 
-def _to_chunks(x: torch.Tensor, n: int, L: int) -> torch.Tensor:
-    """(B, n·L, H, F) -> (B, H, n, L, F) copy."""
-    return _chunk_view(x, 0, n, L, transpose=False).contiguous()
+def _to_chunks(x: torch.Tensor, n: int, L: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, n·L, H, F) -> (B, H, n, L, F) copy in dtype (the cast rides on the copy)."""
+    return _chunk_view(x, 0, n, L, transpose=False).to(dtype, memory_format=torch.contiguous_format)
 
 
-def _to_chunks_T(k: torch.Tensor, v: torch.Tensor, n: int, L: int) -> torch.Tensor:
-    """zT = [kᵀ; vᵀ] per chunk: (B, H, n, R+D, L), one copy from the (B, n·L, H, ·) inputs."""
+def _to_chunks_T(k: torch.Tensor, v: torch.Tensor, n: int, L: int, dtype) -> torch.Tensor:
+    """zT = [kᵀ; vᵀ] per chunk: (B, H, n, R+D, L) in dtype, one copy from the (B, n·L, H, ·)
+    inputs."""
     B, _, H, R = k.shape
-    zT = k.new_empty(B, H, n, R + v.shape[-1], L)
+    zT = k.new_empty(B, H, n, R + v.shape[-1], L, dtype=dtype)
     zT[..., :R, :] = _chunk_view(k, 0, n, L, transpose=True)
     zT[..., R:, :] = _chunk_view(v, 0, n, L, transpose=True)
     return zT
@@ -362,8 +382,8 @@ def _write_chunks(dst: torch.Tensor, t0: int, x: torch.Tensor, transposed: bool 
     _chunk_view(dst, t0, n, L, transpose=transposed).copy_(x)
 
 
-def _num_pieces(T: int, L: int) -> int:
-    full, per_seg = T // L, max(1, SEGMENT_TOKENS // L)
+def _num_pieces(T: int, L: int, seg: int) -> int:
+    full, per_seg = T // L, max(1, seg // L)
     return (full + per_seg - 1) // per_seg + (1 if T % L else 0)
 
 
@@ -384,19 +404,26 @@ def _masks(reset, n, L, dtype):
     return None if reset is None else _DocMasks(reset.unflatten(1, (n, L)), dtype)
 
 
+def _chunk_dtype(q: torch.Tensor, kernels) -> torch.dtype:
+    """The dtype of the chunk copies: the inputs' own for the kernels (they read bf16 and fp16
+    as they are and compute in fp32), the compute dtype (the state's) for the PyTorch path."""
+    return q.dtype if kernels is not None else torch.promote_types(q.dtype, torch.float32)
+
+
 def _forward_piece(q, k, v, start, end, chunk, G_hat, Z0, reset, precision, kernels=None):
-    """One piece of positions: q, k (B, n·L, H, R); v (B, n·L, H, D); the decays (ChunkDecays'
-    fields) of its chunk length L; Z0 (B, H, R+D, 2M); reset (B, n·L) or None; precision of the
-    products. Returns (o: (B, H, n, L, D), Z_end)."""
+    """One piece of positions: q, k (B, n·L, H, R); v (B, n·L, H, D) in any float dtype; the
+    decays (ChunkDecays' fields) of its chunk length L; Z0 (B, H, R+D, 2M); reset (B, n·L) or
+    None; precision of the products. Returns (o: (B, H, n, L, D) in Z0's dtype, Z_end)."""
     L = start.shape[1]
     n = q.shape[1] // L
+    dtype = _chunk_dtype(q, kernels)
     o, Z, _ = _segment_forward(
-        _to_chunks(q, n, L),
-        _to_chunks_T(k, v, n, L),
+        _to_chunks(q, n, L, dtype),
+        _to_chunks_T(k, v, n, L, dtype),
         ChunkDecays(start, end, chunk),
         G_hat,
         Z0,
-        _masks(reset, n, L, q.dtype),
+        _masks(reset, n, L, Z0.dtype),
         kernels=kernels,
         precision=precision,
     )
@@ -410,15 +437,16 @@ def _backward_piece(
     Returns (dq (B, H, n, L, R), dzT (B, H, n, R+D, L), d_start, d_end, d_chunk, dG, dZ0)."""
     L = start.shape[1]
     n = q.shape[1] // L
+    dtype = _chunk_dtype(q, kernels)
     dq, dzT, d_decays, dG, dZ0 = _segment_backward(
-        _to_chunks(q, n, L),
-        _to_chunks_T(k, v, n, L),
+        _to_chunks(q, n, L, dtype),
+        _to_chunks_T(k, v, n, L, dtype),
         ChunkDecays(start, end, chunk),
         G_hat,
         Z0,
-        _to_chunks(do, n, L),
+        _to_chunks(do, n, L, dtype),
         dZ_end,
-        _masks(reset, n, L, q.dtype),
+        _masks(reset, n, L, Z0.dtype),
         kernels,
         precision,
     )
@@ -447,7 +475,7 @@ def _forward_impl(q, k, v, main, tail, G_hat, Z0, L, reset, backend, precision):
     decays = _decays_by_len(L, T, main, tail)
     o = q.new_empty(B, T, H, v.shape[-1])
     Z, starts = Z0.contiguous(), []
-    for t0, n, Lp in _plan(T, L):
+    for t0, n, Lp in _plan(T, L, segment_tokens(q, L)):
         starts.append(Z)
         span = slice(t0, t0 + n * Lp)
         o_p, Z = forward_piece(
@@ -466,7 +494,8 @@ def _backward_impl(do, dZ_end, q, k, v, main, tail, G_hat, starts, L, reset, bac
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.zeros_like(G_hat)
     dZ = dZ_end.contiguous()
-    for (t0, n, Lp), Z0 in reversed(list(zip(_plan(T, L), starts.unbind(0), strict=True))):
+    plan = _plan(T, L, segment_tokens(q, L))
+    for (t0, n, Lp), Z0 in reversed(list(zip(plan, starts.unbind(0), strict=True))):
         span = slice(t0, t0 + n * Lp)
         gq, g_zT, *g_dec, g_G, dZ = backward_piece(
             q[:, span],
@@ -508,8 +537,9 @@ def chunk_decay_inputs(lam_ri, beta_ri, T, L):
 # tensors are inputs, so autograd carries their gradients on to λ and β outside the op. No
 # argument has a default: autograd matches the backward's outputs against the arguments as
 # passed, which leave out a default-valued one.
-# Shapes: q, k (B, T, H, R); v (B, T, H, D); decays as in ChunkDecays for chunk length L and
-# for the tail T % L; G_hat (H, 2M, 2M) interleaved; Z0 (B, H, R+D, 2M). One real dtype.
+# Shapes: q, k (B, T, H, R); v (B, T, H, D) in one float dtype (o and the gradients come back in
+# it); decays as in ChunkDecays for chunk length L and for the tail T % L; G_hat (H, 2M, 2M)
+# interleaved; Z0 (B, H, R+D, 2M): the compute dtype (fp32, or fp64 for fp64 inputs).
 
 
 @torch.library.custom_op("idmix::chunked_forward", mutates_args=())
@@ -537,7 +567,7 @@ def chunked_forward(
 @chunked_forward.register_fake
 def _(q, k, v, decays, G_hat, Z0, reset, chunk_size, backend, precision):
     B, T, H, _ = q.shape
-    pieces = _num_pieces(T, chunk_size)
+    pieces = _num_pieces(T, chunk_size, segment_tokens(q, chunk_size))
     return q.new_empty(B, T, H, v.shape[-1]), torch.empty_like(Z0), Z0.new_empty(pieces, *Z0.shape)
 
 

@@ -1,0 +1,26 @@
+"""The prepared GPU run (benchmarks/gpu_check.sh) on CPU: its --dry-run takes the same steps
+through the Triton interpreter at tiny sizes and writes the report."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytest.importorskip("triton")
+
+
+def test_gpu_check_dry_run_writes_the_report(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": __import__("sys").executable}
+    out = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = (tmp_path / "h200.md").read_text()
+    for heading in ("## Training path", "## Decode step", "## Autotune choices"):
+        assert heading in report
+    assert "| 128 | 1 |" in report  # the dry run's one length, one row
