@@ -4,9 +4,9 @@ The sequence is cut into chunks of L positions, and chunks are grouped into segm
 about ``SEGMENT_TOKENS`` positions (on a GPU, as many as ``segment_tokens`` allows). Within a
 segment every step is a batched matmul over all its chunks; the only sequential work is the
 chunk-state carry (one complex multiply-add per chunk). Nothing of size T·M·(R+D) is ever
-held: besides inputs and output, memory is bounded by one segment. The backward pass is written out by hand (no autograd through the chunk
-loop); it recomputes one segment at a time from the state stored at its start, which is all
-the forward keeps besides its inputs.
+held: besides inputs and output, memory is bounded by one segment. The backward pass is
+written out by hand (no autograd through the chunk loop); it recomputes one segment at a time
+from the state stored at its start, which is all the forward keeps besides its inputs.
 
 Layouts inside a segment: q (B, H, N, L, R); zT = [kᵀ; vᵀ] (B, H, N, R+D, L); per-position
 mode vectors (.., L, 2M) and states (.., R+D, 2M) = [Xᵏ | Xᵛ]ᵀ, both in interleaved real form
