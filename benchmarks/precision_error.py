@@ -115,8 +115,10 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
-    for ax, (title, res) in zip(axes[0], results.items(), strict=True):
+    cols = 2
+    rows = -(-len(results) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 3.6 * rows), squeeze=False)
+    for ax, (title, res) in zip(axes.flat, results.items(), strict=False):
         width = 0.8 / len(res)
         for i, (name, errs) in enumerate(res.items()):
             ax.bar([j + i * width for j in range(len(NAMES))], errs, width, label=name)
@@ -125,8 +127,9 @@ def plot(results: dict, path: Path) -> None:
         ax.set_title(title)
         ax.set_ylabel("relative RMSE vs fp64")
         ax.grid(axis="y", alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=120)
     print(f"plot: {path}")
 

@@ -138,10 +138,9 @@ def _states_bwd_kernel(
     tl.store(dc_base + cols, d_chunk, mask=cols < 2 * M)
 
 
-def _blocks(C: int, M: int) -> tuple[int, int]:
-    """(channel block, mode block): a (BC, 2·BM) state tile of 2048 values."""
-    BM = min(32, block(M))
-    return min(32, triton.next_power_of_2(C)), BM
+def _blocks(C: int, M: int, rows: int) -> tuple[int, int]:
+    """(channel block, mode block): a (BC, 2·BM) state tile of up to rows·64 values."""
+    return min(rows, triton.next_power_of_2(C)), min(32, block(M))
 
 
 def chunk_states(zT, end, chunk, Z0, reset=None, precision="ieee"):
@@ -154,7 +153,7 @@ def chunk_states(zT, end, chunk, Z0, reset=None, precision="ieee"):
     starts = torch.empty(B, H, N, C, 2 * M, dtype=torch.float32, device=zT.device)
     last = torch.empty(B, H, C, 2 * M, dtype=torch.float32, device=zT.device)
     r, s_rb, s_rn, has_reset = reset_args(reset, zT)
-    BC, BM = _blocks(C, M)
+    BC, BM = _blocks(C, M, rows=64)  # 64 rows: one warpgroup product (wgmma) on sm_90
     grid = (B * H, triton.cdiv(C, BC), triton.cdiv(M, BM))
     with on_device(zT):
         _states_fwd_kernel[grid](
@@ -179,7 +178,7 @@ def chunk_states_backward(dXk, dXv, dZ_end, chunk, starts, L, reset=None):
     g_inc = torch.empty(B, H, N, C, twoM, dtype=torch.float32, device=dXk.device)
     g0 = torch.empty(B, H, C, twoM, dtype=torch.float32, device=dXk.device)
     r, s_rb, s_rn, has_reset = reset_args(reset, dXk)
-    BC, BM = _blocks(C, M)
+    BC, BM = _blocks(C, M, rows=32)
     grid = (B * H, triton.cdiv(C, BC), triton.cdiv(M, BM))
     d_chunk = torch.empty(B, H, grid[1], twoM, dtype=torch.float32, device=dXk.device)
     with on_device(dXk):

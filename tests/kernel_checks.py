@@ -78,12 +78,14 @@ CHUNKED_CASES = [
     # bf16 inputs without resets: the kernels read the bf16 chunk copies as they are
     (1, 40, 2, 5, 4, 3, 16, (1e-3, 1e-1), {}, "product", torch.bfloat16),
 ]
-# precision="tf32"/"bf16": the kernels against the PyTorch path at the same precision (its
-# rounding emulated, precision.py). The two round the same operands; what differs is the order
-# of the fp32 sums, and, rarely, an operand that lands on the other side of a rounding boundary
-# (a product's operands are themselves sums). Measured over these cases (every output, state
-# and gradient): relative RMSE ≤ 5.5e-7 (tf32) and 1.5e-7 (bf16), worst position 1.7e-5 / 1.7e-6
-# of the RMS; either path against its IEEE result: 2e-4..9e-4 (tf32), 1.5e-3..8.5e-3 (bf16).
+# The checks compare the kernels with the PyTorch path at precision="ieee" ("auto" would be TF32 on
+# a GPU), except these: precision="tf32"/"bf16", the kernels against the PyTorch path at the same
+# precision (its rounding emulated on CPU, precision.py). The two round the same operands; what
+# differs is the order of the fp32 sums, and, rarely, an operand that lands on the other side of a
+# rounding boundary (a product's operands are themselves sums). Measured over these cases (every
+# output, state and gradient): relative RMSE ≤ 5.5e-7 (tf32) and 1.5e-7 (bf16), worst position
+# 1.7e-5 / 1.7e-6 of the RMS; either path against its IEEE result: 2e-4..9e-4 (tf32), 1.5e-3..8.5e-3
+# (bf16).
 PRECISION_CASES = [
     (2, 75, 2, 3, 5, 4, 8, (1e-3, 1e-1), {0: [0, 20, 33, 34]}, "conj", torch.float32),
     (1, 45, 1, 40, 36, 20, 16, (1e-3, 1e-1), {0: [30]}, "product", torch.float32),
@@ -102,7 +104,7 @@ CPU_LARGE_CASES = [
 ]
 
 
-def run_chunked(p, device, backend, reset, readout, chunk, precision="auto"):
+def run_chunked(p, device, backend, reset, readout, chunk, precision="ieee"):
     """Outputs, final states and every gradient of the chunked op on one backend (fp32
     leaves; the inputs are rounded to the case's dtype first)."""
     from idmix.functional import interdomain_attention
@@ -171,7 +173,11 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
     (further from the IEEE result than the kernels are from the PyTorch path)."""
     from idmix.functional.interdomain import chunked
 
-    tol = tol or {"tf32": 2e-6, "bf16": 2e-6}
+    # On a GPU the PyTorch path's TF32 GEMMs are cuBLAS's, which converts fp32 operands to TF32
+    # itself (its rounding mode is not documented), so there the two TF32 paths are two
+    # TF32 approximations: held within 2x of TF32's error against IEEE (≤ 6.8e-4 measured,
+    # docs/precision.md); bf16 operands are rounded alike on both (to nearest even).
+    tol = tol or {"tf32": 2e-6 if device == "cpu" else 1.5e-3, "bf16": 2e-6}
     chunked.SEGMENT_TOKENS = 32 if device == "cpu" else 512
     try:
         for B, T, H, R, D, M, L, dt, starts, readout, _ in PRECISION_CASES:
@@ -185,9 +191,10 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
                 ref = run_chunked(p, device, "torch", reset, readout, L, precision)
                 for i, (a, b) in enumerate(zip(tri, ref, strict=True)):
                     what = f"{precision}: triton vs torch {T, R, D, M} tensor {i}"
-                    assert_rel(a, b, bound, what, max_tol=1e-4)
+                    assert_rel(a, b, bound, what, max_tol=max(1e-4, 10 * bound))
                 gap = rel_rmse(ref[0], exact[0])
-                assert gap > 10 * rel_rmse(tri[0], ref[0]), f"{precision}: rounding not applied"
+                if bound < 1e-5:  # the rounding is applied, and applied alike
+                    assert gap > 10 * rel_rmse(tri[0], ref[0]), f"{precision}: rounding not applied"
     finally:
         chunked.SEGMENT_TOKENS = 512
 
@@ -204,6 +211,7 @@ def check_selective_precisions(device: str) -> None:
     reset[0, starts[0]] = True
     names = ("q", "k", "v", "lam", "beta", "C")
     for precision in ("tf32", "bf16"):
+        bound = 1.5e-3 if (precision == "tf32" and device != "cpu") else 1e-5  # as above
         runs = {}
         for backend in ("triton", "torch"):
             cd = {n: (torch.complex64 if p[n].is_complex() else torch.float32) for n in names}
@@ -216,7 +224,7 @@ def check_selective_precisions(device: str) -> None:
             runs[backend] = [o, xk, *torch.autograd.grad(loss, leaves)]
         for i, (a, b) in enumerate(zip(runs["triton"], runs["torch"], strict=True)):
             what = f"selective {precision}: triton vs torch tensor {i}"
-            assert_rel(a, b, 1e-5, what, max_tol=2e-4)
+            assert_rel(a, b, bound, what, max_tol=max(2e-4, 10 * bound))
 
 
 def check_nonfinite(device: str) -> None:
@@ -235,7 +243,7 @@ def check_nonfinite(device: str) -> None:
         leaves = [p[n].to(device).requires_grad_() for n in ("q", "k", "v")]
         o = interdomain_attention(
             *leaves, *(p[n].to(device) for n in ("lam", "beta", "C")), reset=reset,
-            chunk_size=8, backend=backend,
+            chunk_size=8, backend=backend, precision="ieee",
         )  # fmt: skip
         torch.where(torch.isfinite(o), o, 0).sum().backward()
         outs[backend] = (o.detach(), *(x.grad for x in leaves))
@@ -261,7 +269,9 @@ def check_varlen(device: str) -> None:
     init = tuple(s.to(device) for s in p["initial_state"])
     for kw in ({}, {"initial_state": init, "return_final_state": True}):
         got, ref = (
-            interdomain_attention_varlen(*args, cu.to(device), chunk_size=8, backend=b, **kw)
+            interdomain_attention_varlen(
+                *args, cu.to(device), chunk_size=8, backend=b, precision="ieee", **kw
+            )
             for b in ("triton", "torch")
         )
         if kw:  # (o, (Xk, Xv))
@@ -284,7 +294,9 @@ def check_chunked_compiles_and_exports(device: str) -> None:
     Z0 = state_to_interleaved(*p["initial_state"]).to(device)
 
     def f(q, k, v):
-        return interdomain_attention_real(q, k, v, lam, beta, G, Z0, chunk_size=8, backend="triton")
+        return interdomain_attention_real(
+            q, k, v, lam, beta, G, Z0, chunk_size=8, backend="triton", precision="ieee"
+        )
 
     args = [p[n].to(device).requires_grad_() for n in ("q", "k", "v")]
     eager = f(*args)
@@ -383,7 +395,7 @@ def check_selective(device: str) -> None:
             init = tuple(s.to(device, torch.complex64).requires_grad_() for s in p["initial_state"])
             o, (xk, xv) = interdomain_attention(
                 *leaves, initial_state=init, reset=reset, return_final_state=True,
-                chunk_size=L, backend=backend,
+                chunk_size=L, backend=backend, precision="ieee",
             )  # fmt: skip
             g = torch.Generator().manual_seed(0)
             loss = (o * torch.randn(o.shape, generator=g).to(device)).sum() + (xk.abs() ** 2).sum()

@@ -53,6 +53,7 @@ def test_every_package_imports_from_the_built_wheel(tmp_path):
     kernels = site / "idmix_kernels"
     assert {p.name for p in kernels.glob("*.py")} >= {
         "__init__.py",
-        "chunk_scan.py",
+        "chunk_states.py",
         "decode_step.py",
+        "tiles.py",
     }
