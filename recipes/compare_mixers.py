@@ -104,7 +104,7 @@ def _train(run_cfg: DictConfig, run_dir: Path):
         if _comparable(OmegaConf.load(saved)) == _comparable(run_cfg):
             resume = ckpt.latest_checkpoint(run_dir) is not None
             run_cfg = OmegaConf.merge(
-                run_cfg, {"resume_from_checkpoint": resume, "overwrite": True}
+                run_cfg, {"resume_from_checkpoint": resume, "overwrite": not resume}
             )
         elif not run_cfg.overwrite:
             raise ValueError(
@@ -112,8 +112,8 @@ def _train(run_cfg: DictConfig, run_dir: Path):
                 "to train it again or choose another output_dir"
             )
     recipe = PretrainRecipe(run_cfg)
-    recipe.setup()
     try:
+        recipe.setup()
         if recipe.step < recipe.total_steps:
             recipe.train()
         else:

@@ -22,7 +22,7 @@ from pathlib import Path
 import datasets
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torchtune import config, training, utils
 from torchtune.modules import TransformerSelfAttentionLayer
 from tqdm import tqdm
@@ -33,6 +33,8 @@ from idmix.training.files import atomic_write_json
 from idmix.training.optim import param_groups, warmup_cosine
 from idmix.training.packing import PackedStream, cycling_documents, streaming_documents
 from idmix.training.plots import plot_history
+from idmix.training.run_dir import claim_run_dir, read_run_id
+from recipes._common import integer, number
 
 KEYS = {
     "output_dir", "overwrite", "resume_from_checkpoint", "seed", "device", "dtype", "model",
@@ -55,6 +57,34 @@ def _fail(msg: str):
     raise ValueError(f"config: {msg}")
 
 
+def _check_numbers(cfg) -> None:
+    """Every numeric setting in range before anything runs (each error names its key)."""
+    for key in ("seq_len", "batch_size", "log_every_n_steps", "eval_batches"):
+        integer(cfg, key, 1)
+    integer(cfg, "seed", 0)
+    if cfg.get("global_batch_tokens") is None:
+        integer(cfg, "gradient_accumulation_steps", 1)
+    for key in ("global_batch_tokens", "max_steps", "max_tokens", "steps_this_run"):
+        integer(cfg, key, 1, optional=True)
+    for key in ("warmup_steps", "warmup_tokens"):
+        integer(cfg, key, 0, optional=True)
+    for key in ("eval_every_n_steps", "save_every_n_steps"):
+        integer(cfg, key, 0)
+    opt = cfg.optimizer
+    lr = number(opt, "lr", 0, low_open=True, where="optimizer.")
+    number(opt, "eps", 0, low_open=True, where="optimizer.")
+    number(opt, "weight_decay", 0, where="optimizer.")
+    number(opt, "ssm_lr_cap", 0, low_open=True, where="optimizer.")
+    betas = opt.get("betas")
+    if not isinstance(betas, ListConfig | list | tuple) or len(betas) != 2:
+        _fail(f"optimizer.betas: expected two numbers in [0, 1), got {betas!r}")
+    named = {f"betas[{i}]": b for i, b in enumerate(betas)}
+    for key in named:
+        number(named, key, 0, 1, high_open=True, where="optimizer.")
+    number(cfg, "min_lr", 0, lr, where="")
+    number(cfg, "clip_grad_norm", 0, low_open=True, optional=True)
+
+
 class PretrainRecipe:
     def __init__(self, cfg: DictConfig):
         unknown = sorted(set(cfg.keys()) - KEYS)
@@ -65,9 +95,7 @@ class PretrainRecipe:
             _fail(f"unknown optimizer keys {unknown}; known: {sorted(OPTIMIZER_KEYS)}")
         if cfg.dtype not in DTYPES:
             _fail(f"dtype: expected one of {sorted(DTYPES)}, got {cfg.dtype!r}")
-        for key in ("seq_len", "batch_size", "log_every_n_steps", "eval_batches"):
-            if int(cfg[key]) < 1:
-                _fail(f"{key}: expected a positive integer, got {cfg[key]}")
+        _check_numbers(cfg)
         self.cfg = cfg
         self.device = torch.device(cfg.device)
         # launched by torchrun (tune run --nproc_per_node N): join the process group first
@@ -82,24 +110,30 @@ class PretrainRecipe:
                 self.device = torch.device("cuda", local % torch.cuda.device_count())
                 torch.cuda.set_device(self.device)
         self.out = Path(cfg.output_dir)
-        self._check_run_dir()
         self.tokens_per_micro = cfg.batch_size * cfg.seq_len
         self.accum = self._accumulation()
         self.tokens_per_step = self.tokens_per_micro * self.accum * self.world
         self.total_steps = self._budget("max_steps", "max_tokens")
         self.warmup_steps = self._budget("warmup_steps", "warmup_tokens")
+        self.claim = None
+        self.run_id = self._claim_run_dir()
 
     # configuration checks ---------------------------------------------------------------------
-    def _check_run_dir(self) -> None:
+    def _claim_run_dir(self) -> str:
+        """Rank 0 locks output_dir for this run (run_dir.py) and every rank learns the run id;
+        a refusal is raised on every rank."""
         cfg = self.cfg
-        busy = self.out.exists() and any(self.out.iterdir())
-        if busy and not (cfg.resume_from_checkpoint or cfg.overwrite):
-            _fail(
-                f"output_dir {str(self.out)!r} already holds a run; pass "
-                "resume_from_checkpoint=True to continue it or overwrite=True to start over"
-            )
-        if cfg.resume_from_checkpoint and ckpt.latest_checkpoint(self.out) is None:
-            _fail(f"resume_from_checkpoint=True but {str(self.out)!r} has no checkpoint")
+
+        def claim():
+            self.claim = claim_run_dir(self.out, cfg.resume_from_checkpoint, cfg.overwrite)
+            for note in self.claim.notes:
+                print(note, flush=True)
+            if cfg.resume_from_checkpoint and ckpt.latest_checkpoint(self.out) is None:
+                self.claim.release()
+                _fail(f"resume_from_checkpoint=True but {str(self.out)!r} has no checkpoint")
+            return self.claim.run_id
+
+        return ckpt.on_rank0(claim)
 
     def _accumulation(self) -> int:
         cfg = self.cfg
@@ -111,16 +145,12 @@ class PretrainRecipe:
                     f"batch_size*seq_len*world = {per}"
                 )
             return cfg.global_batch_tokens // per
-        if int(cfg.gradient_accumulation_steps) < 1:
-            _fail(
-                f"gradient_accumulation_steps: expected >= 1, got {cfg.gradient_accumulation_steps}"
-            )
-        return int(cfg.gradient_accumulation_steps)
+        return cfg.gradient_accumulation_steps
 
     def _budget(self, steps_key: str, tokens_key: str) -> int:
         tokens = self.cfg.get(tokens_key)
         steps = math.ceil(tokens / self.tokens_per_step) if tokens else self.cfg.get(steps_key)
-        if steps is None or steps < (1 if steps_key == "max_steps" else 0):
+        if steps is None:
             _fail(f"{steps_key} / {tokens_key}: expected a positive budget, got {steps}")
         return int(steps)
 
@@ -169,7 +199,6 @@ class PretrainRecipe:
         if cfg.resume_from_checkpoint:
             self._resume()
         elif self.rank == 0:
-            self.out.mkdir(parents=True, exist_ok=True)
             OmegaConf.save(cfg, self.out / "config.yaml")
 
     def _documents(self, dataset_cfg, seed):
@@ -195,14 +224,17 @@ class PretrainRecipe:
 
     def _resume(self) -> None:
         path = ckpt.latest_checkpoint(self.out)
-        saved = OmegaConf.load(self.out / "config.yaml")
+        saved = OmegaConf.load(self.out / "config.yaml")  # YAML: plain data
+        ckpt.check_no_resolvers(
+            OmegaConf.to_container(saved, resolve=False), str(self.out / "config.yaml")
+        )
         saved_model, model = _resolved(saved.model), _resolved(self.cfg.model)
         if saved_model != model:
             _fail(
                 f"the checkpoint in {str(self.out)!r} was written by model {saved_model}, but "
                 f"this config builds {model}"
             )
-        extra = ckpt.load_checkpoint(path, self.model, self.optimizer)
+        extra = ckpt.load_checkpoint(path, self.model, self.optimizer, read_run_id(self.out))
         self.scheduler.load_state_dict(extra["scheduler"])
         self.train_stream.load_state_dict(extra["data"])
         self.step, self.history = extra["step"], extra["history"]
@@ -250,7 +282,10 @@ class PretrainRecipe:
             loss.backward()
             loss_sum += loss.item()
         kill_point("mid_step", self.step + 1)  # crash tests only (IDMIX_KILL_AT)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad_norm)
+        max_norm = self.cfg.clip_grad_norm
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), math.inf if max_norm is None else max_norm
+        )
         if isinstance(grad_norm, torch.distributed.tensor.DTensor):
             grad_norm = grad_norm.full_tensor()
         lr = self.optimizer.param_groups[0]["lr"]
@@ -324,7 +359,7 @@ class PretrainRecipe:
             "data": self.train_stream.state_dict(),
             "history": self.history,
         }
-        ckpt.save_checkpoint(self.out, self.step, self.model, self.optimizer, extra)
+        ckpt.save_checkpoint(self.out, self.step, self.model, self.optimizer, extra, self.run_id)
 
     def _log_line(self, text: str) -> None:
         if self.rank == 0:
@@ -345,8 +380,10 @@ class PretrainRecipe:
         )
 
     def cleanup(self) -> None:
-        for logger in self.loggers:
+        for logger in getattr(self, "loggers", []):
             logger.close()
+        if self.claim is not None:
+            self.claim.release()
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -354,8 +391,8 @@ class PretrainRecipe:
 @config.parse
 def recipe_main(cfg: DictConfig) -> None:
     recipe = PretrainRecipe(cfg)
-    recipe.setup()
     try:
+        recipe.setup()
         recipe.train()
     finally:
         recipe.cleanup()

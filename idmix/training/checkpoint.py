@@ -3,29 +3,38 @@ written atomically, resumable exactly; and a plain single-file export for evalua
 
 Layout of a run directory::
 
-    checkpoints/step_000100/   DCP shards of model + optimizer, and extra_rank{r}.pt (step,
-                               scheduler, data position, RNG of rank r)
+    run.json                   the run id (``run_dir.py``: the run's lock, overwrite moving
+                               the previous run aside)
+    checkpoints/step_000100/   DCP shards of model + optimizer, extra_rank{r}.pt (step,
+                               scheduler, data position, RNG of rank r, run id) and
+                               manifest.json (size and SHA-256 of every file, run id, step)
     checkpoints/latest         the name of the newest complete checkpoint
     model_final.pt             {"model": full state dict, "model_config": plain dict} for
                                eval/generation; loaded with weights_only=True, its builder
                                checked against idmix.models (``load_exported_model``)
 
-A checkpoint is written under a temporary name and renamed once every rank has finished, and
-``latest`` is replaced atomically afterwards: a crash mid-save leaves the previous checkpoint
-and pointer intact.
+A checkpoint is written under a temporary name of its run and renamed once every rank has
+finished and its manifest is written, and ``latest`` is replaced atomically afterwards: a crash
+or a full disk mid-save leaves the previous checkpoint and pointer intact (a full disk also
+removes the partial directory). Loading runs no code from the files (``dcp_reader.py``: an
+allow-list for DCP's metadata pickle, tensors-only byte items, ``weights_only`` for the rest)
+and verifies the manifest first, naming a damaged file and the newest intact step.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -33,8 +42,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from . import manifest
+from .dcp_reader import RestrictedReader, TensorsOnlyPlanner, read_dcp_metadata
 from .faults import kill_point
 from .files import atomic_write, atomic_write_text
+
+STEP_NAME = re.compile(r"step_\d{6,}")
 
 
 def _rank() -> int:
@@ -55,25 +68,86 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model, optimizer, extra: dict) -> Path:
-    """Write checkpoints/step_{step}; extra (per rank, picklable) goes to extra_rank{r}.pt."""
+def on_rank0(fn):
+    """fn() on rank 0, its ValueError/OSError raised on every rank (others would wait)."""
+    error = None
+    if _rank() == 0:
+        try:
+            result = fn()
+        except (ValueError, OSError) as e:
+            error, result = e, None
+    else:
+        result = None
+    if dist.is_initialized():
+        box = [None if error is None else (type(error), str(error)), result]
+        dist.broadcast_object_list(box, src=0)
+        if _rank() != 0:
+            error = None if box[0] is None else box[0][0](box[0][1])
+            result = box[1]
+    if error is not None:
+        raise error
+    return result
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The first rank's exception inside DCP's CheckpointException wrapper (else e)."""
+    if isinstance(e, CheckpointException) and e.failures:
+        return next(iter(e.failures.values()))[0]
+    return e
+
+
+def _disk_full(e: BaseException) -> bool:
+    e = _cause(e)
+    if isinstance(e, OSError):
+        return e.errno == errno.ENOSPC
+    # torch's zip writer reports a failed write as a RuntimeError ("unexpected pos")
+    return isinstance(e, RuntimeError) and (
+        "No space left" in str(e) or "unexpected pos" in str(e) or "file write failed" in str(e)
+    )
+
+
+def save_checkpoint(run_dir: Path, step: int, model, optimizer, extra: dict, run_id: str) -> Path:
+    """Write checkpoints/step_{step} for run run_id; extra (per rank, plain data) goes to
+    extra_rank{r}.pt. On a full disk: OSError(ENOSPC) naming the path, the partial directory
+    removed, the previous checkpoint and ``latest`` untouched."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
-    tmp = root / f".step_{step:06d}.tmp"
+    tmp = root / f".step_{step:06d}.tmp-{run_id}"
     if _rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-    kill_point("mid_checkpoint", step)
-    torch.save({**extra, "rng": rng_state()}, tmp / f"extra_rank{_rank()}.pt")
-    _barrier()
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        kill_point("mid_checkpoint", step)
+        extra = {**extra, "run_id": run_id, "rng": rng_state()}
+        torch.save(extra, tmp / f"extra_rank{_rank()}.pt")
+        _barrier()
+        if _rank() == 0:
+            manifest.write_manifest(tmp, run_id, step)
+            kill_point("before_rename", step)
+            if final.exists():  # this run's own, from before a resume to an earlier step
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+    except BaseException as e:
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if _disk_full(e):
+            previous = latest_checkpoint(run_dir)
+            kept = (
+                f"the previous checkpoint {str(previous)!r} is intact"
+                if previous
+                else ("there is no earlier checkpoint")
+            )
+            raise OSError(
+                errno.ENOSPC,
+                f"no space left on device while writing checkpoint step {step} under "
+                f"{str(root)!r}: the partial checkpoint was removed and {kept}",
+                str(tmp),
+            ) from e
+        raise
     if _rank() == 0:
-        kill_point("before_rename", step)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
         kill_point("before_pointer", step)
         atomic_write_text(root / "latest", final.name + "\n")
     _barrier()
@@ -81,11 +155,56 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, extra: dict) -> 
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint ``checkpoints/latest`` names, or None. The pointer may only name a
+    step directory beside it (never a path elsewhere)."""
     pointer = Path(run_dir) / "checkpoints" / "latest"
     if not pointer.is_file():
         return None
-    path = pointer.parent / pointer.read_text().strip()
+    name = pointer.read_text().strip()
+    if not STEP_NAME.fullmatch(name):
+        raise ValueError(
+            f"{str(pointer)!r} names {name[:80]!r}, not a step directory of this run "
+            "(step_NNNNNN); refusing to follow it"
+        )
+    path = pointer.parent / name
     return path if path.is_dir() else None
+
+
+def newest_intact(run_dir: Path, before: Path | None = None) -> Path | None:
+    """The newest checkpoint of run_dir (older than before, if given) whose manifest holds."""
+    root = Path(run_dir) / "checkpoints"
+    steps = sorted(p for p in root.glob("step_*") if STEP_NAME.fullmatch(p.name) and p.is_dir())
+    for path in reversed(steps):
+        if (before is None or path.name < before.name) and manifest.is_intact(path):
+            return path
+    return None
+
+
+def verify_checkpoint(path: Path, run_id: str | None) -> None:
+    """Raise a ValueError naming the damaged file and the newest intact earlier step when
+    path's files do not match its manifest, or when it was written by another run."""
+    path = Path(path)
+    try:
+        found = manifest.verify(path)
+    except manifest.DamagedCheckpointError as e:
+        intact = newest_intact(path.parent.parent, before=path)
+        hint = (
+            f"the newest intact checkpoint is {intact.name}: to resume from it, write its name "
+            f"into {str(path.parent / 'latest')!r}"
+            if intact
+            else "no earlier checkpoint of this run is intact"
+        )
+        raise manifest.DamagedCheckpointError(
+            f"checkpoint {str(path)!r} is damaged: {e}; {hint}"
+        ) from None
+    if found is None:
+        print(f"note: checkpoint {path} has no manifest (written before checksums): not verified")
+        return
+    if run_id is not None and found.get("run_id") != run_id:
+        raise ValueError(
+            f"checkpoint {str(path)!r} was written by run {found.get('run_id')!r}, but its "
+            f"output_dir belongs to run {run_id!r}; refusing to mix two runs"
+        )
 
 
 def _legacy_names(path: Path, model_keys) -> dict[str, str]:
@@ -93,7 +212,7 @@ def _legacy_names(path: Path, model_keys) -> dict[str, str]:
     composition redesign holds under their old names (``idmix.modules.mixer.RENAMED_KEYS``)."""
     from ..modules.mixer import RENAMED_KEYS
 
-    stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    stored = read_dcp_metadata(path).state_dict_metadata
     names = {}
     for key in model_keys:
         for old, new in RENAMED_KEYS.items():
@@ -114,13 +233,21 @@ def _renamed(obj, names: dict[str, str]):
     return obj
 
 
-def load_checkpoint(path: Path, model, optimizer) -> dict:
+def load_checkpoint(path: Path, model, optimizer, run_id: str | None = None) -> dict:
     """Restore model and optimizer in place; returns this rank's extra dict (RNG restored).
+    The manifest is verified first (and the run id, if given); no file can run code.
     Checkpoints from before the composition redesign load too (renamed parameters)."""
+    on_rank0(lambda: verify_checkpoint(path, run_id))
     model_sd, optim_sd = get_state_dict(model, optimizer)
     names = _legacy_names(path, model_sd)
     state = _renamed({"model": model_sd, "optim": optim_sd}, names)
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp.load(state, storage_reader=RestrictedReader(str(path)), planner=TensorsOnlyPlanner())
+    except CheckpointException as e:
+        cause = _cause(e)
+        if isinstance(cause, ValueError | OSError):
+            raise cause from None
+        raise
     state = _renamed(state, {new: old for old, new in names.items()})
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
@@ -186,6 +313,26 @@ def check_model_config(node, source: str, trusted: set[str] | None = None) -> No
             check_model_config(value, source, trusted)
 
 
+_RESOLVER = re.compile(r"\$\{\s*[\w.\-]+\s*:")
+
+
+def check_no_resolvers(node, source: str, where: str = "config") -> None:
+    """Refuse OmegaConf resolver calls (``${oc.env:…}``, ``${name:…}``) in a config read from
+    a file: resolving them would read the environment or run registered code. References to
+    other keys (``${tokenizer.vocab_size}``) stay allowed."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            check_no_resolvers(value, source, f"{where}.{key}")
+    elif isinstance(node, list | tuple):
+        for i, value in enumerate(node):
+            check_no_resolvers(value, source, f"{where}[{i}]")
+    elif isinstance(node, str) and _RESOLVER.search(node):
+        raise ValueError(
+            f"{source}: {where} calls an OmegaConf resolver; configs read from files may only "
+            "refer to other keys, so it is refused (the value is not shown)"
+        )
+
+
 def export_model(path: Path, model, model_config: dict) -> None:
     """One file with the full (unsharded) model state dict, written by rank 0."""
     sd = get_model_state_dict(
@@ -209,6 +356,7 @@ def load_exported_model(path, device="cpu"):
         raise ValueError(f"config: checkpoint {str(path)!r} is not a model_final.pt export")
     from ..modules import upgrade_state_dict
 
+    check_no_resolvers(saved["model_config"], f"checkpoint {str(path)!r}", "model_config")
     check_model_config(saved["model_config"], f"checkpoint {str(path)!r}")
     model = config.instantiate(DictConfig(saved["model_config"]))
     upgrade_state_dict(saved["model"])  # exports from before the composition redesign

@@ -1,0 +1,85 @@
+"""A checksum manifest per checkpoint: ``manifest.json`` lists every file of the checkpoint
+directory with its size and SHA-256, and the run id and step that wrote it; a checkpoint is
+intact when every listed file is there with that size and hash and nothing else is."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+NAME = "manifest.json"
+FORMAT = 1
+
+
+class DamagedCheckpointError(ValueError):
+    """A checkpoint's files do not match its manifest."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _listed(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.is_file() and p.name != NAME)
+
+
+def write_manifest(directory: Path, run_id: str, step: int) -> dict:
+    """Hash every file of directory into directory/manifest.json; returns the manifest."""
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _listed(directory)}
+    manifest = {"format": FORMAT, "run_id": run_id, "step": step, "files": files}
+    (directory / NAME).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def read_manifest(directory: Path) -> dict | None:
+    """The manifest of a checkpoint directory, or None for one written before manifests."""
+    path = Path(directory) / NAME
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DamagedCheckpointError(f"{str(path)!r}: not a readable manifest ({e})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise DamagedCheckpointError(f"{str(path)!r}: not a checkpoint manifest")
+    return manifest
+
+
+def verify(directory: Path) -> dict | None:
+    """Check every file of a checkpoint directory against its manifest (None: no manifest).
+    Raises DamagedCheckpointError naming the first missing, extra, resized or changed file."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if manifest is None:
+        return None
+    files = manifest["files"]
+    present = {p.name for p in _listed(directory)}
+    for name in sorted(files.keys() - present):
+        raise DamagedCheckpointError(f"{str(directory / name)!r} is missing")
+    for name in sorted(present - files.keys()):
+        raise DamagedCheckpointError(f"{str(directory / name)!r} is not in its manifest")
+    for name, expected in sorted(files.items()):
+        path = directory / name
+        size = path.stat().st_size
+        if size != expected.get("bytes"):
+            raise DamagedCheckpointError(
+                f"{str(path)!r} has {size} bytes, its manifest says {expected.get('bytes')} "
+                "(truncated or overwritten)"
+            )
+        if _sha256(path) != expected.get("sha256"):
+            raise DamagedCheckpointError(
+                f"{str(path)!r} does not match its SHA-256 in the manifest (corrupted)"
+            )
+    return manifest
+
+
+def is_intact(directory: Path) -> bool:
+    try:
+        return verify(directory) is not None
+    except (DamagedCheckpointError, OSError):
+        return False

@@ -1,0 +1,108 @@
+"""A run owns its output_dir (``idmix.training.run_dir``): one run at a time, a stale lock from a
+killed run is taken over, ``overwrite=True`` moves the previous run aside, and a resume
+continues only the run the directory holds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from idmix.training.run_dir import LOCK, RUN_FILE, claim_run_dir, read_run_id
+from tests.test_recipe import ROOT, history, tune_run
+
+
+def test_a_second_claim_is_refused_while_the_first_holds(tmp_path):
+    first = claim_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    with pytest.raises(ValueError, match=r"output_dir: .* is in use by another run \(pid \d+"):
+        claim_run_dir(tmp_path / "run", resume=True, overwrite=False)
+    first.release()
+    again = claim_run_dir(tmp_path / "run", resume=True, overwrite=False)
+    assert again.run_id == first.run_id == read_run_id(tmp_path / "run") and not again.notes
+    again.release()
+
+
+def test_a_lock_held_by_another_process_is_refused_and_a_killed_ones_taken_over(tmp_path):
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            from idmix.training.run_dir import claim_run_dir
+            claim = claim_run_dir({str(run)!r}, resume=False, overwrite=False)
+            print("held", flush=True)
+            time.sleep(120)
+        """)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=rf"in use by another run \(pid {holder.pid} "):
+            claim_run_dir(run, resume=True, overwrite=False)
+    finally:
+        holder.kill()  # as kill -9 would: the lock file keeps the holder's record
+        holder.wait()
+    claim = claim_run_dir(run, resume=True, overwrite=False)
+    assert any(f"pid {holder.pid}" in n and "ended without releasing" in n for n in claim.notes)
+    claim.release()
+    assert (run / LOCK).read_text() == ""  # a clean release empties it
+
+
+def test_overwrite_moves_the_previous_run_aside(tmp_path):
+    run = tmp_path / "run"
+    old = claim_run_dir(run, resume=False, overwrite=False)
+    (run / "model_final.pt").write_bytes(b"run A")
+    old.release()
+    new = claim_run_dir(run, resume=False, overwrite=True)
+    assert new.run_id != old.run_id and new.moved_to.parent == tmp_path
+    assert new.moved_to.name.startswith("run.replaced-")
+    assert (new.moved_to / "model_final.pt").read_bytes() == b"run A"
+    assert json.loads((new.moved_to / RUN_FILE).read_text())["run_id"] == old.run_id
+    assert sorted(p.name for p in run.iterdir()) == [LOCK, RUN_FILE]
+    new.release()
+
+
+@pytest.mark.parametrize("kind", ["file", "under_a_file"])
+def test_an_output_dir_that_cannot_be_a_directory_is_named(tmp_path, kind):
+    (tmp_path / "f").write_text("x")
+    out = tmp_path / "f" if kind == "file" else tmp_path / "f" / "run"
+    expected = "is a file, not a directory" if kind == "file" else "cannot create"
+    with pytest.raises(ValueError, match=rf"config: output_dir: .*{expected}"):
+        claim_run_dir(out, resume=False, overwrite=False)
+
+
+def test_overwrite_then_resume_continues_the_new_run_not_the_old(tmp_path):
+    """Issue 30's sequence: run A, then overwrite=True with another lr and seed stopped early,
+    then a resume: it continues run B; run A is kept whole beside it."""
+    run = tmp_path / "run"
+    a = ["max_steps=4", "save_every_n_steps=2", "eval_every_n_steps=0"]
+    tune_run(tmp_path, f"output_dir={run}", *a)
+    model_a = (run / "model_final.pt").read_bytes()
+    b = ["max_steps=4", "save_every_n_steps=2", "eval_every_n_steps=0", "optimizer.lr=1e-3",
+         "seed=7"]  # fmt: skip
+    out = tune_run(tmp_path, f"output_dir={run}", *b, "overwrite=True", "steps_this_run=1")
+    assert "moved the previous run to" in out.stdout
+    (aside,) = tmp_path.glob("run.replaced-*")
+    assert (aside / "model_final.pt").read_bytes() == model_a
+    assert not (run / "model_final.pt").exists() and len(history(run)) == 1
+    out = tune_run(tmp_path, f"output_dir={run}", *b, "resume_from_checkpoint=True")
+    assert "resumed from" in out.stdout and "step_000001" in out.stdout
+    records = history(run)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert records[0]["lr"] == pytest.approx(1e-3 * 1 / 20)  # run B's lr, warmup 20
+    final = torch.load(run / "model_final.pt", weights_only=True)
+    assert final["model"].keys()
+
+
+def test_a_second_tune_run_on_a_busy_output_dir_stops_before_touching_it(tmp_path):
+    run = tmp_path / "run"
+    holder = claim_run_dir(run, resume=False, overwrite=False)
+    try:
+        out = tune_run(tmp_path, f"output_dir={run}", "max_steps=2", "overwrite=True", check=False)
+        assert out.returncode != 0 and "is in use by another run" in out.stderr
+        assert sorted(p.name for p in run.iterdir()) == [LOCK, RUN_FILE]
+    finally:
+        holder.release()
