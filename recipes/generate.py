@@ -33,8 +33,16 @@ def main(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
     if cfg.max_new_tokens < 1:
         raise ValueError(f"config: max_new_tokens: expected >= 1, got {cfg.max_new_tokens}")
+    if not isinstance(cfg.prompt, str) or not cfg.prompt:
+        raise ValueError(f"config: prompt: expected non-empty text, got {cfg.prompt!r}")
     model = load_exported_model(cfg.checkpoint, cfg.device)
     tokenizer = config.instantiate(cfg.tokenizer)
+    vocab = model.output.out_features if hasattr(model, "output") else None
+    if vocab is not None and tokenizer.vocab_size > vocab:
+        raise ValueError(
+            f"config: tokenizer: its vocab_size {tokenizer.vocab_size} exceeds the model's "
+            f"{vocab} ({cfg.checkpoint}): is it the tokenizer the model was trained with?"
+        )
     prompt = tokenizer.encode(cfg.prompt, add_bos=False, add_eos=False)
     if not prompt:
         raise ValueError("config: prompt: encodes to no tokens")

@@ -41,3 +41,15 @@ def test_generate_names_a_missing_or_mismatched_checkpoint(tmp_path):
     )
     out = run(f"checkpoint={path}")
     assert out.returncode != 0 and "does not match the model" in out.stderr
+
+
+def test_generate_names_an_empty_prompt_and_a_tokenizer_the_model_does_not_fit(tmp_path):
+    out = run("prompt=", f"checkpoint={tmp_path / 'unused.pt'}")
+    assert out.returncode != 0 and "prompt: expected non-empty text, got None" in out.stderr
+    path = tmp_path / "small_vocab.pt"
+    config = {"_component_": "idmix.models.interdomain_tiny", "vocab_size": 256}
+    torch.save({"model": interdomain_tiny(vocab_size=256).state_dict(), "model_config": config},
+               path)  # fmt: skip
+    out = run(f"checkpoint={path}")
+    assert out.returncode != 0
+    assert "tokenizer: its vocab_size 4096 exceeds the model's 256" in out.stderr

@@ -265,3 +265,26 @@ def test_evaluation_recipes_take_the_same_corpus_and_tokenizer(trained, files, t
                "modes=[int8_weight_only]", "executorch=false", env_cache=cache)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(list(cache.iterdir())) == 1  # every recipe reused the training run's BPE
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [(b"", "is empty"), (b"\xff\xfe\x00binary" * 50, "is not UTF-8 text"),
+     (b"text\x00with a NUL", "is not text \\(it holds NUL bytes\\)")],
+)  # fmt: skip
+def test_an_empty_or_binary_text_file_is_named(tmp_path, content, message):
+    from idmix.training.corpus import text_corpus
+
+    path = tmp_path / "notes.txt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"data_files: '.*notes.txt' {message}"):
+        text_corpus("text", data_files=str(path))
+
+
+def test_an_unreadable_json_file_is_named(tmp_path):
+    from idmix.training.corpus import text_corpus
+
+    path = tmp_path / "rows.json"
+    path.write_text('{"text": 1\n')
+    with pytest.raises(ValueError, match=r"data_files: the 'json' builder could not read"):
+        text_corpus("json", data_files=str(path))

@@ -116,6 +116,34 @@ def _check_files(data_files) -> None:
             raise FileNotFoundError(f"data_files: no file matches {str(pattern)!r}")
 
 
+def _local_files(data_files) -> list[str]:
+    """The local files data_files (str, list or {split: …}) matches."""
+    if isinstance(data_files, dict):
+        return [f for files in data_files.values() for f in _local_files(files)]
+    patterns = [data_files] if isinstance(data_files, str) else list(data_files)
+    return [f for p in patterns if "://" not in str(p) for f in glob.glob(str(p), recursive=True)]
+
+
+def _check_text_files(data_files) -> None:
+    """The local files for the "text" builder are UTF-8 text (checked on each one's first
+    64 KiB: a NUL byte or an invalid sequence there means it is not text), and not all empty."""
+    files = [f for f in _local_files(data_files) if not Path(f).is_dir()]
+    for name in files:
+        with open(name, "rb") as f:
+            head = f.read(1 << 16)
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if e.start < len(head) - 4:  # not only a character cut at the 64 KiB boundary
+                raise ValueError(f"data_files: {name!r} is not UTF-8 text ({e.reason} at byte "
+                                 f"{e.start})") from None  # fmt: skip
+        if b"\0" in head:
+            raise ValueError(f"data_files: {name!r} is not text (it holds NUL bytes)")
+    if files and all(Path(f).stat().st_size == 0 for f in files):
+        shown = files[0] if len(files) == 1 else f"{len(files)} files, {files[0]!r}, …"
+        raise ValueError(f"data_files: {shown!r} is empty")
+
+
 def held_out(text: str, fraction: float, seed: int) -> bool:
     """Whether a document belongs to the validation carve-out: a hash of (seed, text) below
     fraction of the range. Fixed per document, so the split is deterministic, disjoint, and
@@ -135,6 +163,8 @@ def _open(source: str, data_files, name, split: str, streaming: bool, sample_by)
         return ds.to_iterable_dataset() if streaming else ds
     if data_files is not None:
         _check_files(data_files)
+        if source == "text":
+            _check_text_files(data_files)
     elif source in ("text", "json", "csv", "parquet"):
         raise ValueError(
             f"data_files: the {source!r} builder needs files, e.g. data_files=notes.txt"
@@ -146,6 +176,12 @@ def _open(source: str, data_files, name, split: str, streaming: bool, sample_by)
         return datasets.load_dataset(
             source, name=name, data_files=data_files, split=split, streaming=streaming, **options
         )
+    except datasets.exceptions.DatasetGenerationError as e:
+        cause = e.__cause__ or e
+        raise ValueError(
+            f"data_files: the {source!r} builder could not read {data_files!r}: "
+            f"{type(cause).__name__}: {str(cause)[:300]}"
+        ) from e
     except ValueError as e:
         if "Unknown split" in str(e) or "Bad split" in str(e):
             raise ValueError(f"split: {split!r} is not a split of {source!r}: {e}") from e
