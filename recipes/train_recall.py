@@ -28,7 +28,7 @@ from idmix.evaluation.report import markdown_table
 from idmix.training.files import atomic_write_json, atomic_write_text
 from idmix.training.optim import param_groups, warmup_cosine
 from idmix.training.plots import line_plot
-from recipes._common import check_keys, fresh_outputs
+from recipes._common import check_keys, fresh_outputs, integer, number
 
 KEYS = {
     "model", "mixers", "vocab_size", "train", "evaluate", "batch_size", "steps", "lrs",
@@ -209,8 +209,16 @@ def plot(cfg, results: dict, eval_settings, out) -> None:
 def main(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
     train_settings, eval_settings = settings(cfg)
-    if not cfg.lrs or any(not lr > 0 for lr in cfg.lrs):
+    if not isinstance(cfg.lrs, ListConfig) or not cfg.lrs:
         raise ValueError(f"config: lrs: expected a list of positive rates, got {cfg.lrs}")
+    for i in range(len(cfg.lrs)):
+        number({f"lrs[{i}]": cfg.lrs[i]}, f"lrs[{i}]", 0, low_open=True)
+    for key in ("batch_size", "steps", "eval_examples"):
+        integer(cfg, key, 1)
+    integer(cfg, "warmup_steps", 0)
+    integer(cfg, "seed", 0)
+    number(cfg, "weight_decay", 0)
+    number(cfg, "ssm_lr_cap", 0, low_open=True)
     recall.Vocabulary(cfg.vocab_size)  # checks it
     out = fresh_outputs(cfg.output_dir, RESULTS, cfg.overwrite)
     results = {m: sweep(cfg, m, train_settings, eval_settings) for m in cfg.mixers}

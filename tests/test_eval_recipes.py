@@ -140,6 +140,9 @@ def test_train_recall_recipe(tmp_path):
         ),
         ("vocab_size=8192", "model: vocab_size 512 < the probes' vocab_size 8192"),
         ("lrs=[]", "lrs: expected a list of positive rates"),
+        ("lrs=[1e-3,-1]", "lrs\\[1\\]: expected a finite number in \\(0, inf\\], got -1"),
+        ("batch_size=abc", "batch_size: expected an integer >= 1, got 'abc'"),
+        ("ssm_lr_cap=0", "ssm_lr_cap: expected a finite number in \\(0, inf\\]"),
     ],
 )
 def test_train_recall_rejects_bad_settings(tmp_path, override, message):
