@@ -10,16 +10,34 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .interdomain.validation import check_reset
 
-def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+
+def _check(x, weight, bias, cache=None, step: bool = False) -> None:
+    """x: (B, T, C), or a step's x_t: (B, C); weight (C, W); bias (C,) or None; cache
+    (B, W-1, C) or None. Python metadata only: the checks of every short-conv entry point."""
+    name, layout = ("x_t", "(B, C)") if step else ("x", "(B, T, C)")
+    for arg, t in ((name, x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{arg}: expected a torch.Tensor, got {type(t).__name__}")
+    if x.dim() != (2 if step else 3):
+        raise ValueError(f"{name}: expected {layout}, got shape {tuple(x.shape)}")
     if weight.dim() != 2:
         raise ValueError(f"weight: expected (C, W), got shape {tuple(weight.shape)}")
     if x.shape[-1] != weight.shape[0]:
         raise ValueError(
-            f"x: last dim {x.shape[-1]} does not match weight channels {weight.shape[0]}"
+            f"{name}: last dim {x.shape[-1]} does not match weight channels {weight.shape[0]}"
         )
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias: expected a torch.Tensor or None, got {type(bias).__name__}")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias: expected ({weight.shape[0]},), got {tuple(bias.shape)}")
+    if cache is not None:
+        expected = (x.shape[0], weight.shape[1] - 1, x.shape[-1])
+        if not isinstance(cache, torch.Tensor):
+            raise TypeError(f"cache: expected a {expected} tensor, got {type(cache).__name__}")
+        if tuple(cache.shape) != expected:
+            raise ValueError(f"cache: expected {expected} = (B, W-1, C), got {tuple(cache.shape)}")
 
 
 def short_conv(
@@ -33,15 +51,11 @@ def short_conv(
     x: (B, T, C); weight: (C, W); bias: (C,) or None; cache: (B, W-1, C) or None (zeros).
     Returns (y: (B, T, C), new_cache: (B, W-1, C)), the cache holding the last W-1 inputs.
     """
-    if x.dim() != 3:
-        raise ValueError(f"x: expected (B, T, C), got shape {tuple(x.shape)}")
-    _check(x, weight, bias)
+    _check(x, weight, bias, cache)
     B, T, C = x.shape
     W = weight.shape[1]
     if cache is None:
         cache = x.new_zeros(B, W - 1, C)
-    elif cache.shape != (B, W - 1, C):
-        raise ValueError(f"cache: expected ({B}, {W - 1}, {C}), got {tuple(cache.shape)}")
     padded = torch.cat([cache.to(x.dtype), x], dim=1)  # (B, T+W-1, C)
     if torch.compiler.is_compiling():
         # W shifted multiply-adds: pointwise, so Inductor fuses them with what follows
@@ -78,9 +92,9 @@ def short_conv_step(
     cache: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step. x_t: (B, C); cache: (B, W-1, C). Returns (y_t: (B, C), new_cache)."""
-    if x_t.dim() != 2:
-        raise ValueError(f"x_t: expected (B, C), got shape {tuple(x_t.shape)}")
-    _check(x_t, weight, bias)
+    if cache is None:
+        raise TypeError("cache: expected the (B, W-1, C) history of the earlier steps, got None")
+    _check(x_t, weight, bias, cache, step=True)
     window = torch.cat([cache.to(x_t.dtype), x_t.unsqueeze(1)], dim=1)  # (B, W, C)
     y = (window * weight.t().to(x_t.dtype)).sum(dim=1)
     if bias is not None:
@@ -101,10 +115,12 @@ def short_conv_with_resets(
     is treated as zeros). Otherwise as :func:`short_conv`: returns (y, new_cache), the new cache
     holding zeros for positions before the last reset.
     """
+    _check(x, weight, bias, cache)
     B, T, C = x.shape
     W = weight.shape[1]
-    if reset.shape != (B, T):
-        raise ValueError(f"reset: expected ({B}, {T}), got {tuple(reset.shape)}")
+    check_reset(reset, B, T)
+    if reset is None:
+        raise TypeError(f"reset: expected a bool tensor of shape (B, T) = {(B, T)}, got None")
     hist = x.new_zeros(B, W - 1, C) if cache is None else cache.to(x.dtype)
     ext = torch.cat([hist, x], dim=1)  # (B, T+W-1, C); position t of x is ext[t + W - 1]
     idx = torch.arange(T, device=x.device)

@@ -5,7 +5,18 @@ from __future__ import annotations
 import torch
 from tensordict import tensorclass
 
+from ..debug import check_values
 from ..functional import interleaved_to_state
+
+
+def _check_batch(rows: int, B: int) -> None:
+    """The layer input's batch size B against the cache's rows (Python ints: no sync)."""
+    if B != rows:
+        raise ValueError(
+            f"x: batch size {B} does not match the decoding cache's batch size {rows} "
+            f"(setup_cache(batch_size={rows})); call setup_cache(batch_size={B}, ...) for a "
+            f"batch of {B}"
+        )
 
 
 @tensorclass
@@ -39,6 +50,10 @@ class RecurrentCache:
             batch_size=[batch_size],
         )
 
+    def check_batch(self, B: int) -> None:
+        """A layer input of B rows fits this cache (its batch size)."""
+        _check_batch(self.state.shape[0], B)
+
     def complex_state(self, key_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(Xk: (B, H, M, R), Xv: (B, H, M, D)) complex64 views of ``state``."""
         return interleaved_to_state(self.state, key_dim)
@@ -58,6 +73,28 @@ class KVCache:
     k: torch.Tensor
     v: torch.Tensor
     length: torch.Tensor  # (B,) int64, equal across rows
+
+    def check_room(self, B: int, T: int) -> None:
+        """A layer input of B rows and T positions fits: the cache's batch size, and room for T
+        more positions within max_seq_len (S_max). T > S_max is refused always; the filled
+        length is a tensor, so past that it is checked where ``idmix.debug.check_values``
+        allows a host sync (eager on CPU, or IDMIX_DEBUG=1): index_copy_ would otherwise fail
+        with an index error (CPU) or a device assert (CUDA)."""
+        _check_batch(self.k.shape[0], B)
+        S = self.k.shape[2]
+        if T > S:
+            raise ValueError(
+                f"x: {T} positions do not fit the KV cache's max_seq_len = {S}; call "
+                "setup_cache with a larger max_seq_len"
+            )
+        if check_values(self.length):
+            filled = int(self.length[0])
+            if filled + T > S:
+                raise ValueError(
+                    f"x: {T} more position(s) would go past the KV cache's max_seq_len = {S} "
+                    f"({filled} filled); call setup_cache with a larger max_seq_len (or "
+                    "reset_cache to start a new sequence)"
+                )
 
     @classmethod
     def empty(cls, batch_size, num_heads, max_seq_len, head_dim, dtype, device=None):

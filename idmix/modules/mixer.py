@@ -146,6 +146,7 @@ class SSMMixer(CachedMixer):
         pos, reset = positions_and_resets(input_pos, B, T, x.device)
         cache = self.kv_cache if self.cache_enabled else None
         if cache is not None:
+            cache.check_batch(B)
             if reset is not None:  # rows whose first position starts a document (branch-free)
                 cache.reset_rows(reset[:, 0])
             if T == 1:

@@ -57,6 +57,7 @@ class SoftmaxAttention(CachedMixer):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, d_h)
         cache = self.kv_cache if self.cache_enabled else None
         if cache is not None:
+            cache.check_room(B, T)
             # positions written from the length tensor (no host sync: decoding compiles whole)
             rows = cache.length[:1] + torch.arange(T, device=x.device)  # (T,)
             cache.k.index_copy_(2, rows, k.to(cache.k.dtype))

@@ -22,13 +22,20 @@ from .validation import (
     check_params,
     check_qkv,
     check_real_params,
+    check_real_state,
     check_reset,
     check_state,
+    check_transforms,
     warn_if_unstable,
 )
 from .varlen import varlen
 
 IMPLS = ("chunked", "naive", "closed_form", "recurrent")
+# What the ops' refusals of a transform on the chunked path suggest (check_transforms)
+_CHUNKED = "impl='chunked'"
+_USE_NAIVE = "use impl='naive' (or 'closed_form', 'recurrent': plain PyTorch, every transform runs)"
+_REAL_PATH = "this op (the chunked path, impl='chunked')"
+_USE_NAIVE_COMPLEX = "use interdomain_attention(..., impl='naive') on the complex parameters"
 
 
 def _compute_dtype(q: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
@@ -110,11 +117,8 @@ def interdomain_attention_real(
     """
     B, T, H, R, D = check_qkv(q, k, v)
     M = check_real_params(lam_ri, beta_ri, G_hat, H, lead=(B, T))
-    if initial_state is not None and tuple(initial_state.shape) != (B, H, R + D, 2 * M):
-        raise ValueError(
-            f"initial_state: expected (B, H, R+D, 2M) = {(B, H, R + D, 2 * M)}, "
-            f"got {tuple(initial_state.shape)}"
-        )
+    if initial_state is not None:
+        check_real_state(initial_state, "initial_state", (B, H, R + D, 2 * M))
     check_chunk_size(chunk_size)
     check_reset(reset, B, T)
     check_backend(backend, q)
@@ -122,6 +126,10 @@ def interdomain_attention_real(
     check_devices(
         "q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, initial_state=initial_state,
         reset=reset,
+    )  # fmt: skip
+    check_transforms(
+        "interdomain_attention_real", _REAL_PATH, _USE_NAIVE_COMPLEX,
+        q, k, v, lam_ri, beta_ri, G_hat, initial_state,
     )  # fmt: skip
     warn_if_unstable("lam_ri", torch.linalg.vector_norm(lam_ri.detach(), dim=-1))
     q, k, v, initial_state, poison = sanitise(q, k, v, reset, initial_state)
@@ -197,6 +205,10 @@ def interdomain_attention(
     resolve_precision(precision, q)
     if impl != "chunked" and precision not in ("auto", "ieee"):
         raise ValueError(f"precision: {precision!r} applies to impl='chunked' only, got {impl!r}")
+    if impl == "chunked":
+        check_transforms(
+            "interdomain_attention", _CHUNKED, _USE_NAIVE, q, k, v, lam, beta, C, initial_state
+        )
     # The SSM runs in fp32 (fp64) whatever the ambient autocast: states and accumulators of a
     # long recurrence do not survive bf16. Inputs are upcast here and o is cast back.
     with torch.autocast(q.device.type, enabled=False):
@@ -273,6 +285,11 @@ def interdomain_attention_varlen(
     S, H = check_qkv(q, k, v)[1:3]  # ranks and sizes before the batch-of-one rule and indexing
     M = check_params(lam, beta, C, H, readout, BT=(1, S))
     check_devices("q", q, lam=lam, beta=beta, C=C, initial_state=initial_state)
+    if impl == "chunked":
+        check_transforms(
+            "interdomain_attention_varlen", _CHUNKED, _USE_NAIVE,
+            q, k, v, lam, beta, C, initial_state,
+        )  # fmt: skip
     R, D = q.shape[-1], v.shape[-1]
     init = None
     if initial_state is not None:
@@ -332,6 +349,12 @@ def interdomain_attention_varlen_real(
     S, H = check_qkv(q, k, v)[1:3]
     M = check_real_params(lam_ri, beta_ri, G_hat, H, lead=(1, S))
     check_devices("q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, initial_state=initial_state)
+    if initial_state is not None:  # its shape against cu_seqlens: varlen
+        check_real_state(initial_state, "initial_state")
+    check_transforms(
+        "interdomain_attention_varlen_real", _REAL_PATH, _USE_NAIVE_COMPLEX,
+        q, k, v, lam_ri, beta_ri, G_hat, initial_state,
+    )  # fmt: skip
     per_token = lam_ri.dim() == 5  # (1, S, H, M, 2): indexed with the tokens
 
     def attend(q_, k_, v_, *rest):

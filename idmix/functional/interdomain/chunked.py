@@ -29,6 +29,7 @@ from .precision import baddbmm, matmul
 from .realform import as_complex as _c
 from .realform import as_interleaved as _r
 from .realform import cmul, cmul_conj, dot_conj
+from .validation import refuse_double_backward
 
 SEGMENT_TOKENS = 512
 # On a GPU a segment holds this many token·heads (B·H·positions; about 8 KB each in the
@@ -629,7 +630,7 @@ def _backward(ctx, do, dZ_end, _d_starts):
         do = q.new_zeros(*q.shape[:-1], v.shape[-1])
     if dZ_end is None:
         dZ_end = torch.zeros_like(starts[0])
-    dq, dk, dv, *d_dec, dG, dZ0 = torch.ops.idmix.chunked_backward(
+    grads = torch.ops.idmix.chunked_backward(
         do,
         dZ_end,
         q,
@@ -643,6 +644,9 @@ def _backward(ctx, do, dZ_end, _d_starts):
         ctx.backend,
         ctx.precision,
     )
+    # create_graph=True: a backward through these gradients raises a named error
+    grads = refuse_double_backward(grads, (do, dZ_end, q, k, v, *decays, G_hat))
+    dq, dk, dv, *d_dec, dG, dZ0 = grads
     return dq, dk, dv, d_dec, dG, dZ0, None, None, None, None
 
 

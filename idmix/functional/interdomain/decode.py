@@ -12,10 +12,13 @@ import torch
 
 from .realform import as_complex, interleaved_to_state, state_to_interleaved
 from .validation import (
+    DECODE_COMPLEX_STATE_DTYPES,
+    DECODE_STATE_DTYPES,
     State,
     check_backend,
     check_decays_and_gram,
     check_decode_inputs,
+    check_decode_state_dtype,
     check_devices,
     check_real_params,
     check_state,
@@ -65,7 +68,8 @@ def interdomain_decode_step(
     k: (B, H, R); v: (B, H, D); lam, beta: (H, M) complex, or (B, H, M) per row (a selective
     layer's decays at this token); G_hat: (H, 2M, 2M) real, interleaved
     (``readout_gram(C, readout)``, computed once per set of weights, not per step);
-    state: (Xk: (B, H, M, R), Xv: (B, H, M, D)) complex, updated in place if ``inplace``.
+    state: (Xk: (B, H, M, R), Xv: (B, H, M, D)) complex64 or complex128, updated in place if
+    ``inplace``; q, k, v: one real dtype.
     Returns (o: (B, H, D), or (B, H, r, D), in q's dtype; new state).
 
     Steps: X ← λ⊙X + β⊗z; p = Xᵏ q; w̃ = Ĝ p̂ (p̂, w̃: p, w in interleaved real form);
@@ -82,6 +86,8 @@ def interdomain_decode_step(
         raise ValueError(f"state[0] (Xk): expected (B, H, M, R), got {tuple(state[0].shape)}")
     D = state[1].shape[-1]
     check_state(state, B, H, M, R, D, "state")
+    for i, X in enumerate(state):
+        check_decode_state_dtype(f"state[{i}]", X.dtype, DECODE_COMPLEX_STATE_DTYPES)
     check_decode_inputs(q, k, v, B, H, R, D)
     check_decays_and_gram(lam, beta, G_hat, H, M, B)
     check_devices("q", q, lam=lam, beta=beta, G_hat=G_hat, state=state)
@@ -115,7 +121,7 @@ def interdomain_decode_step_real(
 
     q: (B, H, R) or (B, H, r, R); k: (B, H, R); v: (B, H, D); lam_ri, beta_ri: (H, M, 2) or
     (B, H, M, 2) per row (torch path); G_hat: (H, 2M, 2M) interleaved; state:
-    (B, H, R+D, 2M) real, contiguous (the state of ``interdomain_attention_real``).
+    (B, H, R+D, 2M) fp32 or fp64, contiguous (the state of ``interdomain_attention_real``).
     Returns o: (B, H, D) or (B, H, r, D) in q's dtype.
     No complex tensor anywhere, so the torch path compiles whole with Inductor.
 
@@ -133,6 +139,7 @@ def interdomain_decode_step_real(
             "state: expected a contiguous (B, H, R+D, 2M) real floating tensor, got "
             f"{getattr(state, 'dtype', type(state).__name__)} {tuple(getattr(state, 'shape', ()))}"
         )
+    check_decode_state_dtype("state", state.dtype, DECODE_STATE_DTYPES)
     B, H = state.shape[:2]
     R = k.shape[-1] if isinstance(k, torch.Tensor) else 0
     M = check_real_params(lam_ri, beta_ri, G_hat, H, lead=(B,))

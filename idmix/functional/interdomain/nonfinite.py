@@ -72,8 +72,8 @@ def contain(carried, read, reset, initial_state):
         return carried, read, initial_state, None
     B, T, H = x0.shape[:3]
     bad = torch.zeros(B, T, H, dtype=torch.bool, device=x0.device)
-    for x in carried:
-        bad |= _bad(x)
+    for x in carried:  # out of place: under torch.func.vmap, x may be batched and bad not
+        bad = bad | _bad(x)
     doc = torch.zeros(B, T, dtype=torch.long, device=x0.device)
     if reset is not None:
         doc = reset.long().cumsum(dim=1)  # the document of each position; 0 continues the state
@@ -83,7 +83,7 @@ def contain(carried, read, reset, initial_state):
         parts = initial_state if isinstance(initial_state, (tuple, list)) else (initial_state,)
         bad_init = torch.zeros(B, H, dtype=torch.bool, device=x0.device)
         for part in parts:
-            bad_init |= ~_finite(part).flatten(2).all(dim=-1)
+            bad_init = bad_init | ~_finite(part).flatten(2).all(dim=-1)
         last_bad = torch.maximum(last_bad, torch.where(bad_init, 0, -1)[:, None, :])
         clean = tuple(_zero_nonfinite(part) for part in parts)
         initial_state = clean if isinstance(initial_state, (tuple, list)) else clean[0]

@@ -32,12 +32,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .precision import matmul
 from .realform import as_complex as _complex
 from .realform import as_interleaved as _real
 from .selective_pairs import fused, pair_dots, pair_sums, pair_tsums
+from .validation import refuse_double_backward
 
 SELECTIVE_CHUNK = 16
 SELECTIVE_SEGMENT = 256
@@ -355,22 +355,26 @@ class _SelectiveChunked(torch.autograd.Function):
         return torch.cat(outs, 1), _real(X)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, g_o, g_Z):
         q, k, v, lam_ri, beta_ri, G_hat, firsts, reset = ctx.saved_tensors
-        g_X, g_G, grads = _complex(g_Z), 0, []
-        segments = _segments(q.shape[1], ctx.L)
-        for i in range(len(segments) - 1, -1, -1):
-            t0, t1 = segments[i]
-            seg = _slices(t0, t1, q, k, v, lam_ri, beta_ri, reset)
-            X0 = _complex(firsts[i])
-            *g, g_G_seg, g_X = _segment_backward(
-                *seg[:5], G_hat, X0, ctx.L, seg[5], ctx.kernels, ctx.precision, g_o[:, t0:t1], g_X
-            )
-            grads.append(g)
-            g_G = g_G + g_G_seg
-        g_q, g_k, g_v, g_lam, g_beta = (torch.cat(x[::-1], 1) for x in zip(*grads, strict=True))
-        return g_q, g_k, g_v, g_lam, g_beta, g_G, _real(g_X), None, None, None, None
+        with torch.no_grad():  # once differentiable: see refuse_double_backward below
+            g_X, g_G, grads = _complex(g_Z), 0, []
+            segments = _segments(q.shape[1], ctx.L)
+            for i in range(len(segments) - 1, -1, -1):
+                t0, t1 = segments[i]
+                seg = _slices(t0, t1, q, k, v, lam_ri, beta_ri, reset)
+                X0 = _complex(firsts[i])
+                *g, g_G_seg, g_X = _segment_backward(
+                    *seg[:5], G_hat, X0, ctx.L, seg[5], ctx.kernels, ctx.precision,
+                    g_o[:, t0:t1], g_X,
+                )  # fmt: skip
+                grads.append(g)
+                g_G = g_G + g_G_seg
+            g_q, g_k, g_v, g_lam, g_beta = (torch.cat(x[::-1], 1) for x in zip(*grads, strict=True))
+            out = (g_q, g_k, g_v, g_lam, g_beta, g_G, _real(g_X))
+        # create_graph=True: a backward through these gradients raises a named error
+        out = refuse_double_backward(out, (g_o, g_Z, q, k, v, lam_ri, beta_ri, G_hat))
+        return *out, None, None, None, None
 
 
 def _segments(T: int, L: int) -> list[tuple[int, int]]:

@@ -7,8 +7,9 @@ import warnings
 from typing import NamedTuple
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
-from ...debug import check_values
+from ...debug import check_values, functorch_transforms
 from ..readout import READOUTS
 
 State = tuple[torch.Tensor, torch.Tensor]
@@ -96,6 +97,19 @@ def check_state(state, B: int, H: int, M: int, R: int, D: int, name: str) -> Non
     _complex(f"{name}[1] (Xv)", state[1], (B, H, M, D), "(B, H, M, D)")
 
 
+def check_real_state(state, name: str, shape: tuple[int, ...] | None = None) -> None:
+    """An interleaved real state (rows R+D, columns 2M): a real floating tensor, of shape
+    ``shape`` when given. A complex one would lose its imaginary part to the op's cast."""
+    if not isinstance(state, torch.Tensor) or not state.is_floating_point():
+        kind = state.dtype if isinstance(state, torch.Tensor) else type(state).__name__
+        raise TypeError(
+            f"{name}: expected the interleaved real state, a real floating tensor (a complex "
+            f"(Xk, Xv) state goes through state_to_interleaved first), got {kind}"
+        )
+    if shape is not None and tuple(state.shape) != shape:
+        raise ValueError(f"{name}: expected (B, H, R+D, 2M) = {shape}, got {tuple(state.shape)}")
+
+
 def check_qkv(q, k, v) -> tuple[int, int, int, int, int]:
     """q, k: (B, T, H, R), v: (B, T, H, D), one real dtype, T >= 1. Returns (B, T, H, R, D)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -153,6 +167,11 @@ def check_backend(backend, x: torch.Tensor | None = None) -> None:
 
 
 def check_reset(reset, B: int, T: int) -> None:
+    if reset is not None and not isinstance(reset, torch.Tensor):
+        raise TypeError(
+            f"reset: expected a bool tensor of shape (B, T) = {(B, T)} or None, got "
+            f"{type(reset).__name__}"
+        )
     if reset is not None and (reset.dtype != torch.bool or tuple(reset.shape) != (B, T)):
         raise ValueError(
             f"reset: expected a bool tensor of shape (B, T) = {(B, T)}, "
@@ -189,6 +208,8 @@ def check_decode_inputs(q, k, v, B: int, H: int, R: int, D: int) -> None:
     floating, given the state's sizes."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _real_float(name, x)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if tuple(k.shape) != (B, H, R):
         raise ValueError(f"k: expected (B, H, R) = {(B, H, R)} (the state's), got {tuple(k.shape)}")
     if tuple(v.shape) != (B, H, D):
@@ -200,6 +221,92 @@ def check_decode_inputs(q, k, v, B: int, H: int, R: int, D: int) -> None:
             f"head, got {tuple(q.shape)}"
         )
     check_devices("q", q, k=k, v=v)
+
+
+# The dtypes a decode state may have: the step accumulates in the state's own dtype, and the
+# states of the ops (their final states, the layers' caches) are fp32, or fp64 for fp64 inputs.
+DECODE_STATE_DTYPES = (torch.float32, torch.float64)
+DECODE_COMPLEX_STATE_DTYPES = (torch.complex64, torch.complex128)
+
+
+def check_decode_state_dtype(name: str, dtype: torch.dtype, allowed: tuple) -> None:
+    """A decode state in fp32/fp64 (complex64/complex128 for the complex API): a bf16 or fp16
+    state would carry the recurrence in that precision, token after token."""
+    if dtype not in allowed:
+        raise TypeError(
+            f"{name}: expected a decode state in one of {tuple(map(str, allowed))} (the step "
+            f"accumulates in the state's dtype; q, k, v may be lower precision), got {dtype}"
+        )
+
+
+# Differentiation of the chunked path (the shared-decay custom op and the selective
+# autograd.Function): one hand-written backward, nothing else. Every other impl is plain PyTorch
+# and takes every transform.
+_TRANSFORMS = {
+    "Jvp": "forward-mode AD (torch.func.jvp, jacfwd)",
+    "Vmap": "torch.func.vmap",
+    "Grad": "torch.func.grad (vjp, jacrev, hessian)",
+}
+DOUBLE_BACKWARD = (
+    "double backward (backward through a gradient taken with create_graph=True) is not "
+    "supported by the chunked path (impl='chunked', interdomain_attention_real and the varlen "
+    "ops): its backward is written out by hand and is not itself differentiable; use "
+    "interdomain_attention(..., impl='naive') (or 'closed_form', 'recurrent')"
+)
+
+
+def check_transforms(op: str, path: str, remedy: str, *tensors) -> None:
+    """Refuse the autograd transforms the chunked path cannot run: ``torch.func`` transforms
+    (they would fail deep inside it, or, for jvp, return a zero tangent) and forward-mode AD
+    dual tensors (a missing tangent). tensors: the differentiable inputs (None and tuples
+    allowed). Python metadata only; skipped in a compiled graph (Dynamo runs transforms itself).
+    """
+    if torch.compiler.is_compiling():
+        return
+    for name in functorch_transforms():
+        if name in _TRANSFORMS:
+            raise NotImplementedError(
+                f"{op}: {_TRANSFORMS[name]} is not supported by {path}; {remedy}"
+            )
+    for x in tensors:
+        for part in x if isinstance(x, (tuple, list)) else (x,):
+            if isinstance(part, torch.Tensor) and fwAD.unpack_dual(part).tangent is not None:
+                raise NotImplementedError(
+                    f"{op}: forward-mode AD (torch.autograd.forward_ad dual tensors) is not "
+                    f"supported by {path}; {remedy}"
+                )
+
+
+class _NotTwice(torch.autograd.Function):
+    """The identity on a backward's gradients (copied), whose own backward raises
+    ``DOUBLE_BACKWARD``; its inputs include the tensors the gradients depend on, so that a
+    second backward meets it whatever it differentiates against."""
+
+    @staticmethod
+    def forward(ctx, n: int, *tensors):
+        return tuple(t.clone() for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(DOUBLE_BACKWARD)
+
+
+def refuse_double_backward(grads, anchors):
+    """grads (a sequence: tensors and None) as they are, unless the backward runs with
+    create_graph=True: then each tensor passes through a ``_NotTwice`` node tied to anchors (the
+    saved inputs and incoming gradients), so that a backward through them raises a named error
+    instead of failing on an op without autograd, or of yielding no gradient at all."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return grads
+    where = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+    ties = [a for a in anchors if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not ties and not any(grads[i].requires_grad for i in where):
+        return grads  # nothing upstream is differentiable: no second backward can start here
+    out = list(grads)
+    tied = _NotTwice.apply(len(where), *(grads[i] for i in where), *ties)
+    for i, g in zip(where, tied, strict=True):
+        out[i] = g
+    return tuple(out) if isinstance(grads, tuple) else out
 
 
 def check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size) -> Dims:
