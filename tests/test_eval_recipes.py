@@ -141,8 +141,6 @@ def test_train_recall_recipe(tmp_path):
         ("vocab_size=8192", "model: vocab_size 512 < the probes' vocab_size 8192"),
         ("lrs=[]", "lrs: expected a list of positive rates"),
         ("lrs=[1e-3,-1]", "lrs\\[1\\]: expected a finite number in \\(0, inf\\], got -1"),
-        ("batch_size=abc", "batch_size: expected an integer >= 1, got 'abc'"),
-        ("ssm_lr_cap=0", "ssm_lr_cap: expected a finite number in \\(0, inf\\]"),
     ],
 )
 def test_train_recall_rejects_bad_settings(tmp_path, override, message):
@@ -151,6 +149,25 @@ def test_train_recall_rejects_bad_settings(tmp_path, override, message):
         f"output_dir={tmp_path}",
     )  # fmt: skip
     assert out.returncode != 0 and re.search(message, out.stderr), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [({"batch_size": "abc"}, r"batch_size: expected an integer >= 1, got 'abc'"),
+     ({"ssm_lr_cap": 0}, r"ssm_lr_cap: expected a finite number in \(0, inf\]"),
+     ({"warmup_steps": -1}, r"warmup_steps: expected an integer >= 0, got -1")],
+)  # fmt: skip
+def test_train_recall_range_checks_every_number(tmp_path, change, message):
+    """In process (the recipe's function under @config.parse), before any training."""
+    from omegaconf import OmegaConf
+
+    from recipes.train_recall import main
+
+    cfg = OmegaConf.load(ROOT / "recipes" / "configs" / "recall_tiny.yaml")
+    cfg = OmegaConf.merge(cfg, {"output_dir": str(tmp_path), **change})
+    with pytest.raises(ValueError, match=message):
+        main.__wrapped__(cfg)
+    assert not any(tmp_path.iterdir())
 
 
 def test_quantize_recipe(tmp_path):

@@ -44,12 +44,18 @@ def test_generate_names_a_missing_or_mismatched_checkpoint(tmp_path):
 
 
 def test_generate_names_an_empty_prompt_and_a_tokenizer_the_model_does_not_fit(tmp_path):
-    out = run("prompt=", f"checkpoint={tmp_path / 'unused.pt'}")
-    assert out.returncode != 0 and "prompt: expected non-empty text, got None" in out.stderr
+    """In process (the recipe's function under @config.parse): the checks before decoding."""
+    import pytest
+    from omegaconf import OmegaConf
+
+    from recipes.generate import main
+
+    cfg = OmegaConf.load(ROOT / "recipes" / "configs" / "generate_tiny.yaml")
+    with pytest.raises(ValueError, match=r"prompt: expected non-empty text, got ''"):
+        main.__wrapped__(OmegaConf.merge(cfg, {"prompt": ""}))
     path = tmp_path / "small_vocab.pt"
     config = {"_component_": "idmix.models.interdomain_tiny", "vocab_size": 256}
     torch.save({"model": interdomain_tiny(vocab_size=256).state_dict(), "model_config": config},
                path)  # fmt: skip
-    out = run(f"checkpoint={path}")
-    assert out.returncode != 0
-    assert "tokenizer: its vocab_size 4096 exceeds the model's 256" in out.stderr
+    with pytest.raises(ValueError, match=r"tokenizer: its vocab_size 4096 exceeds the model's 256"):
+        main.__wrapped__(OmegaConf.merge(cfg, {"checkpoint": str(path)}))

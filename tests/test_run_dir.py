@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from idmix.training.run_dir import LOCK, RUN_FILE, claim_run_dir, read_run_id
-from tests.test_recipe import ROOT, history, tune_run
+from tests.test_recipe import ROOT, build_recipe, history, tune_run
 
 
 def test_a_second_claim_is_refused_while_the_first_holds(tmp_path):
@@ -78,10 +78,10 @@ def test_overwrite_then_resume_continues_the_new_run_not_the_old(tmp_path):
     """Issue 30's sequence: run A, then overwrite=True with another lr and seed stopped early,
     then a resume: it continues run B; run A is kept whole beside it."""
     run = tmp_path / "run"
-    a = ["max_steps=4", "save_every_n_steps=2", "eval_every_n_steps=0"]
+    a = ["max_steps=2", "save_every_n_steps=2", "eval_every_n_steps=0"]
     tune_run(tmp_path, f"output_dir={run}", *a)
     model_a = (run / "model_final.pt").read_bytes()
-    b = ["max_steps=4", "save_every_n_steps=2", "eval_every_n_steps=0", "optimizer.lr=1e-3",
+    b = ["max_steps=2", "save_every_n_steps=2", "eval_every_n_steps=0", "optimizer.lr=1e-3",
          "seed=7"]  # fmt: skip
     out = tune_run(tmp_path, f"output_dir={run}", *b, "overwrite=True", "steps_this_run=1")
     assert "moved the previous run to" in out.stdout
@@ -91,18 +91,18 @@ def test_overwrite_then_resume_continues_the_new_run_not_the_old(tmp_path):
     out = tune_run(tmp_path, f"output_dir={run}", *b, "resume_from_checkpoint=True")
     assert "resumed from" in out.stdout and "step_000001" in out.stdout
     records = history(run)
-    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["step"] for r in records] == [1, 2]
     assert records[0]["lr"] == pytest.approx(1e-3 * 1 / 20)  # run B's lr, warmup 20
     final = torch.load(run / "model_final.pt", weights_only=True)
     assert final["model"].keys()
 
 
-def test_a_second_tune_run_on_a_busy_output_dir_stops_before_touching_it(tmp_path):
-    run = tmp_path / "run"
+def test_a_second_run_on_a_busy_output_dir_stops_before_touching_it(tmp_path):
+    run = tmp_path / "run"  # build_recipe's output_dir
     holder = claim_run_dir(run, resume=False, overwrite=False)
     try:
-        out = tune_run(tmp_path, f"output_dir={run}", "max_steps=2", "overwrite=True", check=False)
-        assert out.returncode != 0 and "is in use by another run" in out.stderr
+        with pytest.raises(ValueError, match=r"is in use by another run"):
+            build_recipe(tmp_path, "max_steps=2", "overwrite=True")
         assert sorted(p.name for p in run.iterdir()) == [LOCK, RUN_FILE]
     finally:
         holder.release()
