@@ -50,6 +50,7 @@ def test_ptxas_report_is_read_and_a_stack_frame_is_no_spill():
         ptxas_report("")
 
 
+@pytest.mark.slow
 def test_the_chunked_kernels_compile_clean_for_sm90(tmp_path):
     """One launch-site sweep (the chunked op's forward and backward, paper head, bf16 products,
     document resets) on sm_90: every kept config spill-free, every product kernel on HGMMA."""
