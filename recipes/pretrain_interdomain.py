@@ -33,7 +33,7 @@ from idmix.training.files import atomic_write_json
 from idmix.training.optim import param_groups, warmup_cosine
 from idmix.training.packing import PackedStream, cycling_documents, streaming_documents
 from idmix.training.plots import plot_history
-from idmix.training.run_dir import claim_run_dir, read_run_id
+from idmix.training.run_dir import claim_run_dir
 from recipes._common import integer, number
 
 KEYS = {
@@ -234,7 +234,7 @@ class PretrainRecipe:
                 f"the checkpoint in {str(self.out)!r} was written by model {saved_model}, but "
                 f"this config builds {model}"
             )
-        extra = ckpt.load_checkpoint(path, self.model, self.optimizer, read_run_id(self.out))
+        extra = ckpt.load_checkpoint(path, self.model, self.optimizer, self.run_id)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.train_stream.load_state_dict(extra["data"])
         self.step, self.history = extra["step"], extra["history"]

@@ -106,3 +106,14 @@ def test_a_second_run_on_a_busy_output_dir_stops_before_touching_it(tmp_path):
         assert sorted(p.name for p in run.iterdir()) == [LOCK, RUN_FILE]
     finally:
         holder.release()
+
+
+def test_a_run_from_before_run_ids_gets_one_that_lasts(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("x: 1\n")  # an older idmix's run: no run.json
+    first = claim_run_dir(run, resume=True, overwrite=False)
+    first.release()
+    again = claim_run_dir(run, resume=True, overwrite=False)
+    assert again.run_id == first.run_id == read_run_id(run)
+    again.release()

@@ -172,10 +172,14 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def newest_intact(run_dir: Path, before: Path | None = None) -> Path | None:
     """The newest checkpoint of run_dir (older than before, if given) whose manifest holds."""
+
+    def step(path: Path) -> int:
+        return int(path.name[len("step_") :])
+
     root = Path(run_dir) / "checkpoints"
-    steps = sorted(p for p in root.glob("step_*") if STEP_NAME.fullmatch(p.name) and p.is_dir())
-    for path in reversed(steps):
-        if (before is None or path.name < before.name) and manifest.is_intact(path):
+    steps = [p for p in root.glob("step_*") if STEP_NAME.fullmatch(p.name) and p.is_dir()]
+    for path in sorted(steps, key=step, reverse=True):
+        if (before is None or step(path) < step(before)) and manifest.is_intact(path):
             return path
     return None
 

@@ -105,29 +105,26 @@ SPLITS = ("train", "validation")
 SAMPLE_BY = ("line", "paragraph", "document")
 
 
-def _check_files(data_files) -> None:
-    """Each local pattern of data_files (str, list or {split: …}) matches at least one file."""
+def _local_patterns(data_files) -> list[str]:
+    """The local (not URL) patterns of data_files: a str, a list or {split: …}."""
     if isinstance(data_files, dict):
-        for files in data_files.values():
-            _check_files(files)
-        return
-    for pattern in [data_files] if isinstance(data_files, str) else list(data_files):
-        if "://" not in str(pattern) and not glob.glob(str(pattern), recursive=True):
-            raise FileNotFoundError(f"data_files: no file matches {str(pattern)!r}")
-
-
-def _local_files(data_files) -> list[str]:
-    """The local files data_files (str, list or {split: …}) matches."""
-    if isinstance(data_files, dict):
-        return [f for files in data_files.values() for f in _local_files(files)]
+        return [p for files in data_files.values() for p in _local_patterns(files)]
     patterns = [data_files] if isinstance(data_files, str) else list(data_files)
-    return [f for p in patterns if "://" not in str(p) for f in glob.glob(str(p), recursive=True)]
+    return [str(p) for p in patterns if "://" not in str(p)]
+
+
+def _check_files(data_files) -> None:
+    """Each local pattern of data_files matches at least one file."""
+    for pattern in _local_patterns(data_files):
+        if not glob.glob(pattern, recursive=True):
+            raise FileNotFoundError(f"data_files: no file matches {pattern!r}")
 
 
 def _check_text_files(data_files) -> None:
     """The local files for the "text" builder are UTF-8 text (checked on each one's first
     64 KiB: a NUL byte or an invalid sequence there means it is not text), and not all empty."""
-    files = [f for f in _local_files(data_files) if not Path(f).is_dir()]
+    matched = (f for p in _local_patterns(data_files) for f in glob.glob(p, recursive=True))
+    files = [f for f in matched if not Path(f).is_dir()]
     for name in files:
         with open(name, "rb") as f:
             head = f.read(1 << 16)

@@ -59,10 +59,11 @@ def verify(directory: Path) -> dict | None:
         return None
     files = manifest["files"]
     present = {p.name for p in _listed(directory)}
-    for name in sorted(files.keys() - present):
-        raise DamagedCheckpointError(f"{str(directory / name)!r} is missing")
-    for name in sorted(present - files.keys()):
-        raise DamagedCheckpointError(f"{str(directory / name)!r} is not in its manifest")
+    missing, extra = sorted(files.keys() - present), sorted(present - files.keys())
+    if missing:
+        raise DamagedCheckpointError(f"{str(directory / missing[0])!r} is missing")
+    if extra:
+        raise DamagedCheckpointError(f"{str(directory / extra[0])!r} is not in its manifest")
     for name, expected in sorted(files.items()):
         path = directory / name
         size = path.stat().st_size

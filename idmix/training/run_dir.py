@@ -128,7 +128,10 @@ def claim_run_dir(out: Path, resume: bool, overwrite: bool) -> RunClaim:
     try:
         entries = sorted(p for p in out.iterdir() if p.name != LOCK)
         if resume:
-            claim.run_id = read_run_id(out) or fresh_id
+            known = read_run_id(out)
+            if known is None:  # a run from before run ids: it gets one now, kept from here on
+                atomic_write_json(out / RUN_FILE, {"run_id": fresh_id})
+            claim.run_id = known or fresh_id
             return claim
         if entries and not overwrite:
             _fail(
