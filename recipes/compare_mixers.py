@@ -2,13 +2,14 @@
 
     tune run recipes/compare_mixers.py --config recipes/configs/compare_tiny.yaml
 
-Every mixer entry is trained by the pretraining recipe (``recipes/pretrain_interdomain.py``,
-in this process) on the same data, tokenizer, budget and seeds; only ``model`` and the peak
-learning rate differ. An entry with several learning rates (``lrs``) is swept on the first
-seed and the rate with the lowest *training* loss over the last tenth of the steps is kept for
-every seed (the validation split is never used to choose). Each finished model is then scored
-on the same validation tokens at 1×…k× the training length, and its mixers are probed (output
-RMS by position, SSM gradient sizes). Writes to ``output_dir``:
+Every mixer entry is trained by the pretraining trainer (``idmix.training.trainer``, what
+``recipes/pretrain_interdomain.py`` runs; in this process) on the same data, tokenizer, budget
+and seeds; only ``model`` and the peak learning rate differ. An entry with several learning
+rates (``lrs``) is swept on the first seed and the rate with the lowest *training* loss over the
+last tenth of the steps is kept for every seed (the validation split is never used to choose).
+Each finished model is then scored on the same validation tokens at 1×…k× the training length,
+and its mixers are probed (output RMS by position, SSM gradient sizes). Writes to
+``output_dir``:
 
 - ``compare.md`` / ``compare.json``: per mixer, parameters, val perplexity mean ± spread over
   seeds, perplexity by context length and its k×/1× ratio, ratio to the reference mixer;
@@ -34,11 +35,12 @@ from idmix.evaluation.diagnostics import output_rms_by_position, ssm_gradient_st
 from idmix.evaluation.extrapolation import perplexity_by_context, token_stream
 from idmix.evaluation.report import markdown_table
 from idmix.training import checkpoint as ckpt
+from idmix.training.config_checks import check_keys
 from idmix.training.files import atomic_write_json, atomic_write_text
+from idmix.training.outputs import fresh_outputs
 from idmix.training.plots import line_plot
-from recipes._common import check_keys, fresh_outputs
-from recipes.pretrain_interdomain import KEYS as PRETRAIN_KEYS
-from recipes.pretrain_interdomain import PretrainRecipe
+from idmix.training.pretrain_config import check_training_section
+from idmix.training.trainer import Trainer
 
 KEYS = {
     "output_dir", "overwrite", "device", "seeds", "tokenizer", "dataset", "validation_dataset",
@@ -57,7 +59,7 @@ SELECTION_TAIL = 0.1  # the last tenth of the training steps picks the learning 
 
 def _check(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
-    check_keys(cfg.training, PRETRAIN_KEYS - SET_PER_RUN, "config.training")
+    check_training_section(cfg.training, SET_PER_RUN, "config.training")
     if not cfg.mixers:
         raise ValueError("config: mixers: expected at least one entry name -> {model, lr}")
     for name, entry in cfg.mixers.items():
@@ -111,17 +113,17 @@ def _train(run_cfg: DictConfig, run_dir: Path):
                 f"config: {str(run_dir)!r} holds a run with another config; pass overwrite=True "
                 "to train it again or choose another output_dir"
             )
-    recipe = PretrainRecipe(run_cfg)
+    trainer = Trainer(run_cfg)
     try:
-        recipe.setup()
-        if recipe.step < recipe.total_steps:
-            recipe.train()
+        trainer.setup()
+        if trainer.step < trainer.total_steps:
+            trainer.train()
         else:
             print(f"reusing the finished run {run_dir}", flush=True)
     finally:
-        recipe.cleanup()
-    params = sum(p.numel() for p in recipe.model.parameters())
-    return recipe.model, recipe.history, recipe.tokens_per_step, params
+        trainer.cleanup()
+    params = sum(p.numel() for p in trainer.model.parameters())
+    return trainer.model, trainer.history, trainer.tokens_per_step, params
 
 
 def _comparable(run_cfg: DictConfig) -> dict:

@@ -28,8 +28,9 @@ from torchtune import config
 from idmix.evaluation.lm_eval_model import IdmixLM
 from idmix.evaluation.report import markdown_table
 from idmix.training.checkpoint import load_exported_model
+from idmix.training.config_checks import check_keys
 from idmix.training.files import atomic_write_text
-from recipes._common import check_keys, fresh_outputs
+from idmix.training.outputs import fresh_outputs
 
 KEYS = {
     "checkpoint", "tokenizer", "tasks", "include_path", "num_fewshot", "limit", "batch_size",

@@ -20,7 +20,7 @@ from torchtune import config
 
 from idmix import cache_nbytes, generate
 from idmix.training.checkpoint import load_exported_model
-from recipes._common import check_keys
+from idmix.training.config_checks import check_keys, integer
 
 KEYS = {
     "checkpoint", "tokenizer", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
@@ -31,8 +31,7 @@ KEYS = {
 @config.parse
 def main(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
-    if cfg.max_new_tokens < 1:
-        raise ValueError(f"config: max_new_tokens: expected >= 1, got {cfg.max_new_tokens}")
+    integer(cfg, "max_new_tokens", 1)
     if not isinstance(cfg.prompt, str) or not cfg.prompt:
         raise ValueError(f"config: prompt: expected non-empty text, got {cfg.prompt!r}")
     model = load_exported_model(cfg.checkpoint, cfg.device)

@@ -17,9 +17,10 @@ from tqdm import tqdm
 from idmix.evaluation.extrapolation import perplexity_by_context, token_stream
 from idmix.evaluation.report import markdown_table
 from idmix.training.checkpoint import load_exported_model
+from idmix.training.config_checks import check_keys
 from idmix.training.files import atomic_write_json, atomic_write_text
+from idmix.training.outputs import fresh_outputs
 from idmix.training.plots import line_plot
-from recipes._common import check_keys, fresh_outputs
 
 KEYS = {
     "checkpoints", "tokenizer", "dataset", "train_seq_len", "multiples", "num_tokens",

@@ -63,8 +63,9 @@ from idmix.evaluation.pt2e import weight_bytes as program_weight_bytes
 from idmix.evaluation.report import markdown_table
 from idmix.generation import release_caches
 from idmix.training.checkpoint import load_exported_model, safe_load
+from idmix.training.config_checks import check_keys
 from idmix.training.files import atomic_write_json, atomic_write_text
-from recipes._common import check_keys, fresh_outputs
+from idmix.training.outputs import fresh_outputs
 
 KEYS = {
     "checkpoint", "tokenizer", "dataset", "modes", "seq_len", "eval_tokens", "prompt_len",

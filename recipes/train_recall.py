@@ -25,10 +25,11 @@ from tqdm import tqdm
 
 from idmix.evaluation import recall
 from idmix.evaluation.report import markdown_table
+from idmix.training.config_checks import check_keys, integer, number, numbers, one_of
 from idmix.training.files import atomic_write_json, atomic_write_text
 from idmix.training.optim import param_groups, warmup_cosine
+from idmix.training.outputs import fresh_outputs
 from idmix.training.plots import line_plot
-from recipes._common import check_keys, fresh_outputs, integer, number
 
 KEYS = {
     "model", "mixers", "vocab_size", "train", "evaluate", "batch_size", "steps", "lrs",
@@ -44,23 +45,17 @@ X_AXIS = {"mqar": "key-value pairs", "phonebook": "entries", "passkey": "context
 def _setting(entry, where: str, sized_as: type) -> tuple[str, int, object]:
     """(task, seq_len, size) of one `train`/`evaluate` entry, checked."""
     check_keys(entry, ("task", "seq_len", "size"), where)
-    task = entry.get("task")
-    if task not in recall.TASKS:
-        raise ValueError(f"{where}.task: expected one of {recall.TASKS}, got {task!r}")
-    seq_len = entry.get("seq_len")
-    if not isinstance(seq_len, int) or seq_len < 16:
-        raise ValueError(f"{where}.seq_len: expected an int ≥ 16, got {seq_len!r}")
+    task = one_of(entry, "task", recall.TASKS, where=f"{where}.")
+    seq_len = integer(entry, "seq_len", 16, where=f"{where}.")
     if task not in SIZED:
         return task, seq_len, None
+    if sized_as is not list:
+        return task, seq_len, integer(entry, "size", 1, where=f"{where}.")
     size = entry.get("size")
-    if sized_as is list:
-        size = list(size) if isinstance(size, ListConfig) else size
-        if not _is_range(size):
-            raise ValueError(f"{where}.size: expected [lo, hi] with 1 ≤ lo ≤ hi, got {size!r}")
-        size = tuple(size)
-    elif not isinstance(size, int) or size < 1:
-        raise ValueError(f"{where}.size: expected a positive int, got {size!r}")
-    return task, seq_len, size
+    size = list(size) if isinstance(size, ListConfig) else size
+    if not _is_range(size):
+        raise ValueError(f"{where}.size: expected [lo, hi] with 1 ≤ lo ≤ hi, got {size!r}")
+    return task, seq_len, tuple(size)
 
 
 def _is_range(size) -> bool:
@@ -209,10 +204,7 @@ def plot(cfg, results: dict, eval_settings, out) -> None:
 def main(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
     train_settings, eval_settings = settings(cfg)
-    if not isinstance(cfg.lrs, ListConfig) or not cfg.lrs:
-        raise ValueError(f"config: lrs: expected a list of positive rates, got {cfg.lrs}")
-    for i in range(len(cfg.lrs)):
-        number({f"lrs[{i}]": cfg.lrs[i]}, f"lrs[{i}]", 0, low_open=True)
+    numbers(cfg, "lrs", 0, low_open=True, expected="a list of positive rates")
     for key in ("batch_size", "steps", "eval_examples"):
         integer(cfg, key, 1)
     integer(cfg, "warmup_steps", 0)

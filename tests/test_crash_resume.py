@@ -1,10 +1,10 @@
 """Kill -9 at the worst moments, resume each time: the run ends loss-for-loss identical to a
-straight one, and a partial checkpoint is never picked up (``idmix.training.faults``)."""
+straight one, and a partial checkpoint is never picked up. The kills come from a test-only
+trainer callback (``tests/faults.py``), installed by running the recipe through its runner."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,10 +13,11 @@ from pathlib import Path
 import torch
 
 from idmix.training.checkpoint import latest_checkpoint
-from idmix.training.faults import ENV, POINTS
+from tests.faults import POINTS
 
 ROOT = Path(__file__).resolve().parent.parent
 TUNE = str(Path(sys.executable).with_name("tune"))
+FAULTS = str(ROOT / "tests" / "faults.py")
 COMMON = ["seq_len=32", "batch_size=2", "max_steps=10", "warmup_steps=2", "eval_every_n_steps=0",
           "save_every_n_steps=2", "log_every_n_steps=1"]  # fmt: skip
 # one crash per point, each in the run resumed after the previous one
@@ -24,13 +25,12 @@ CHAIN = ["mid_step@3", "mid_checkpoint@4", "before_rename@6", "before_pointer@8"
 
 
 def tune_run(run: Path, *extra, kill_at: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != ENV}
-    if kill_at:
-        env[ENV] = kill_at
-    config = ["--config", "recipes/configs/tiny_interdomain.yaml"]
-    cmd = [TUNE, "run", "recipes/pretrain_interdomain.py", *config, f"output_dir={run}"]
+    """`tune run` of the recipe, or (kill_at) the same recipe file through tests/faults.py."""
+    recipe = "recipes/pretrain_interdomain.py"
+    launch = [TUNE, "run", recipe] if kill_at is None else [sys.executable, FAULTS, kill_at, recipe]
+    cmd = [*launch, "--config", "recipes/configs/tiny_interdomain.yaml", f"output_dir={run}"]
     cmd += [*COMMON, *extra]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def losses(run: Path) -> list[tuple[int, float, float]]:

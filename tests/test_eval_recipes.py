@@ -3,7 +3,6 @@ JSON and plot (or programs), and never replaces a finished result without overwr
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import subprocess
@@ -14,6 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.helpers import save_tiny_export
+from tests.recipe_files import load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 TUNE = str(Path(sys.executable).with_name("tune"))
@@ -37,7 +37,7 @@ CONFIGS_OF = {
 
 @pytest.mark.parametrize("recipe, configs", CONFIGS_OF.items())
 def test_configs_set_exactly_the_recipe_keys(recipe, configs):
-    module = importlib.import_module(f"recipes.{recipe}")
+    module = load_recipe(recipe)
     for name in configs:
         cfg = OmegaConf.load(ROOT / "recipes" / "configs" / f"{name}.yaml")
         assert set(cfg.keys()) == module.KEYS, name
@@ -136,7 +136,7 @@ def test_train_recall_recipe(tmp_path):
         ),
         (
             "evaluate=[{task: mqar, seq_len: 64, size: [4]}]",
-            "evaluate\\[0\\].size: expected a positive int",
+            "evaluate\\[0\\].size: expected an integer >= 1",
         ),
         ("vocab_size=8192", "model: vocab_size 512 < the probes' vocab_size 8192"),
         ("lrs=[]", "lrs: expected a list of positive rates"),
@@ -161,7 +161,7 @@ def test_train_recall_range_checks_every_number(tmp_path, change, message):
     """In process (the recipe's function under @config.parse), before any training."""
     from omegaconf import OmegaConf
 
-    from recipes.train_recall import main
+    main = load_recipe("train_recall").main
 
     cfg = OmegaConf.load(ROOT / "recipes" / "configs" / "recall_tiny.yaml")
     cfg = OmegaConf.merge(cfg, {"output_dir": str(tmp_path), **change})

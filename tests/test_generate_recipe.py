@@ -48,7 +48,9 @@ def test_generate_names_an_empty_prompt_and_a_tokenizer_the_model_does_not_fit(t
     import pytest
     from omegaconf import OmegaConf
 
-    from recipes.generate import main
+    from tests.recipe_files import load_recipe
+
+    main = load_recipe("generate").main
 
     cfg = OmegaConf.load(ROOT / "recipes" / "configs" / "generate_tiny.yaml")
     with pytest.raises(ValueError, match=r"prompt: expected non-empty text, got ''"):

@@ -78,16 +78,16 @@ def test_resume_continues_loss_for_loss(tmp_path):
 
 
 def build_recipe(tmp_path, *overrides):
-    """The recipe's set-up in this process (what `tune run` does before the first step)."""
-    from recipes.pretrain_interdomain import PretrainRecipe
+    """The trainer's set-up in this process (what the recipe does before the first step)."""
+    from idmix.training.trainer import Trainer
 
     cfg = OmegaConf.merge(
         OmegaConf.load(CONFIGS / "tiny_interdomain.yaml"),
         OmegaConf.from_dotlist([f"output_dir={tmp_path / 'run'}", *QUICK, *overrides]),
     )
-    recipe = PretrainRecipe(cfg)
-    recipe.setup()
-    return recipe
+    trainer = Trainer(cfg)
+    trainer.setup()
+    return trainer
 
 
 @pytest.mark.parametrize(

@@ -44,10 +44,12 @@ from torch.distributed.checkpoint.state_dict import (
 
 from . import manifest
 from .dcp_reader import RestrictedReader, TensorsOnlyPlanner, read_dcp_metadata
-from .faults import kill_point
 from .files import atomic_write, atomic_write_text
 
 STEP_NAME = re.compile(r"step_\d{6,}")
+# what save_checkpoint reports to on_stage(stage, step): the DCP shards written, extra state not
+# yet (every rank); complete under the temporary name; renamed, `latest` not yet (rank 0)
+STAGES = ("shards_written", "complete", "renamed")
 
 
 def _rank() -> int:
@@ -106,10 +108,14 @@ def _disk_full(e: BaseException) -> bool:
     )
 
 
-def save_checkpoint(run_dir: Path, step: int, model, optimizer, extra: dict, run_id: str) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, model, optimizer, extra: dict, run_id: str, on_stage=None
+) -> Path:
     """Write checkpoints/step_{step} for run run_id; extra (per rank, plain data) goes to
-    extra_rank{r}.pt. On a full disk: OSError(ENOSPC) naming the path, the partial directory
-    removed, the previous checkpoint and ``latest`` untouched."""
+    extra_rank{r}.pt; on_stage(stage, step) is called at each of ``STAGES``. On a full disk:
+    OSError(ENOSPC) naming the path, the partial directory removed, the previous checkpoint and
+    ``latest`` untouched."""
+    on_stage = on_stage or (lambda stage, step: None)
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".step_{step:06d}.tmp-{run_id}"
@@ -120,13 +126,13 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, extra: dict, run
     model_sd, optim_sd = get_state_dict(model, optimizer)
     try:
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-        kill_point("mid_checkpoint", step)
+        on_stage("shards_written", step)
         extra = {**extra, "run_id": run_id, "rng": rng_state()}
         torch.save(extra, tmp / f"extra_rank{_rank()}.pt")
         _barrier()
         if _rank() == 0:
             manifest.write_manifest(tmp, run_id, step)
-            kill_point("before_rename", step)
+            on_stage("complete", step)
             if final.exists():  # this run's own, from before a resume to an earlier step
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -148,7 +154,7 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, extra: dict, run
             ) from e
         raise
     if _rank() == 0:
-        kill_point("before_pointer", step)
+        on_stage("renamed", step)
         atomic_write_text(root / "latest", final.name + "\n")
     _barrier()
     return final

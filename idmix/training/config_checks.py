@@ -1,0 +1,93 @@
+"""Config checks shared by every recipe: unknown keys, integers and numbers in range. Each error
+is a ValueError that names the key (``config: <where><key>: expected …, got …``), raised before
+anything runs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from omegaconf import ListConfig, OmegaConf
+
+
+def fail(msg: str):
+    """Raise the ValueError every config check raises: ``config: <msg>``."""
+    raise ValueError(f"config: {msg}")
+
+
+def resolved(section) -> dict:
+    """A config section as plain data, interpolations (e.g. ${tokenizer.vocab_size}) resolved."""
+    return OmegaConf.to_container(section, resolve=True)
+
+
+def check_keys(section, known: Iterable[str], where: str = "config") -> None:
+    """Raise on keys of a config section that the recipe does not know (typos fail loudly)."""
+    unknown = sorted(set(section.keys()) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; known keys: {sorted(known)}")
+
+
+def integer(section, key: str, minimum: int, where: str = "", optional: bool = False):
+    """section[key] as an int >= minimum (None allowed when optional), else a ValueError
+    naming the key."""
+    value = section.get(key)
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        fail(f"{where}{key}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def number(
+    section,
+    key: str,
+    low: float,
+    high: float = math.inf,
+    where: str = "",
+    low_open: bool = False,
+    high_open: bool = False,
+    optional: bool = False,
+):
+    """section[key] as a finite float in [low, high] (open ends as asked; None allowed when
+    optional), else a ValueError naming the key."""  # fmt: skip
+    value = section.get(key)
+    if value is None and optional:
+        return None
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low)
+    ok = ok and (value < high if high_open else value <= high)
+    if not ok:
+        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+        fail(f"{where}{key}: expected a finite number in {lo}{low:g}, {high:g}{hi}, got {value!r}")
+    return float(value)
+
+
+def numbers(
+    section,
+    key: str,
+    low: float,
+    high: float = math.inf,
+    where: str = "",
+    length: int | None = None,
+    expected: str = "a non-empty list of numbers",
+    **ends,
+) -> list[float]:
+    """section[key] as a non-empty list (of `length` items, when given) of numbers, each checked
+    as :func:`number` (the error names ``key[i]``); `expected` says what the list should be."""
+    values = section.get(key)
+    if (
+        not isinstance(values, ListConfig | list | tuple)
+        or not values
+        or (length is not None and len(values) != length)
+    ):
+        fail(f"{where}{key}: expected {expected}, got {values!r}")
+    named = {f"{key}[{i}]": v for i, v in enumerate(values)}
+    return [number(named, name, low, high, where=where, **ends) for name in named]
+
+
+def one_of(section, key: str, choices: Sequence, where: str = "") -> object:
+    """section[key], which must be one of choices."""
+    value = section.get(key)
+    if value not in choices:
+        fail(f"{where}{key}: expected one of {sorted(choices)}, got {value!r}")
+    return value

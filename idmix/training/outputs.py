@@ -1,0 +1,56 @@
+"""What recipes leave in their output directory: result files that are never replaced by
+accident, and a training run's results (``history.json``, ``loss_curve.png``,
+``model_final.pt``) and summary line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from . import checkpoint as ckpt
+from .files import atomic_write_json
+from .plots import plot_history
+
+
+def fresh_outputs(output_dir, names: Iterable[str], overwrite: bool) -> Path:
+    """output_dir (created) after checking that none of its result files exist unless
+    overwrite: a finished result is never replaced by accident."""
+    out = Path(output_dir)
+    existing = [n for n in names if (out / n).exists()]
+    if existing and not overwrite:
+        raise ValueError(
+            f"config: output_dir {str(out)!r} already holds {existing}; pass overwrite=True to "
+            "replace them or choose another output_dir"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def write_run_results(out: Path, history: list[dict], rank: int) -> None:
+    """history.json and loss_curve.png of a run (rank 0 writes them)."""
+    if rank == 0:
+        atomic_write_json(out / "history.json", history)
+        plot_history(history, out / "loss_curve.png", Path(out).name)
+
+
+def export_final_model(out: Path, model, model_config: dict) -> None:
+    """model_final.pt: the full state dict and the plain model config (loads without the run's
+    config; ``checkpoint.load_exported_model``)."""
+    ckpt.export_model(out / "model_final.pt", model, model_config)
+
+
+def summary_text(out, history: list[dict], step: int, world: int, tokens: int, seconds: float):
+    """The summary a run prints at its end: steps, tokens and their rate, first and last loss,
+    validation perplexity, and where the results are."""
+    first, last = history[0], history[-1]
+    vals = [h["val_ppl"] for h in history if "val_ppl" in h]
+    rate = tokens / seconds if seconds else float("nan")
+    return (
+        "\nsummary: "
+        f"steps {step} | world {world} | tokens this run {tokens:,} | "
+        f"{rate:,.0f} tokens/s | loss {first['loss']:.3f} (step {first['step']}) -> "
+        f"{last['loss']:.3f} (step {last['step']})"
+        + (f" | val ppl best {min(vals):.2f}, final {vals[-1]:.2f}" if vals else "")
+        + f"\nrun directory: {out} (model_final.pt, checkpoints/, logs/, history.json, "
+        "loss_curve.png)"
+    )

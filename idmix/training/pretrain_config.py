@@ -1,0 +1,55 @@
+"""The pretraining config: its keys and the checks every setting passes before anything runs
+(``recipes/configs/tiny_*.yaml`` and ``paper_*.yaml``; README "Training")."""
+
+from __future__ import annotations
+
+import torch
+
+from .config_checks import check_keys, fail, integer, number, numbers, one_of
+
+KEYS = {
+    "output_dir", "overwrite", "resume_from_checkpoint", "seed", "device", "dtype", "model",
+    "tokenizer", "dataset", "validation_dataset", "seq_len", "batch_size",
+    "gradient_accumulation_steps", "global_batch_tokens", "max_steps", "max_tokens",
+    "warmup_steps", "warmup_tokens", "min_lr", "optimizer", "clip_grad_norm", "compile",
+    "enable_activation_checkpointing", "log_every_n_steps", "eval_every_n_steps",
+    "eval_batches", "save_every_n_steps", "steps_this_run", "metric_loggers",
+}  # fmt: skip
+OPTIMIZER_KEYS = {"lr", "betas", "eps", "weight_decay", "ssm_lr_cap"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def check_pretrain_config(cfg) -> None:
+    """Unknown keys, the dtype and every numeric setting (each error names its key)."""
+    unknown = sorted(set(cfg.keys()) - KEYS)
+    if unknown:
+        fail(f"unknown keys {unknown}; known keys: {sorted(KEYS)}")
+    unknown = sorted(set(cfg.optimizer.keys()) - OPTIMIZER_KEYS)
+    if unknown:
+        fail(f"unknown optimizer keys {unknown}; known: {sorted(OPTIMIZER_KEYS)}")
+    one_of(cfg, "dtype", DTYPES)
+    for key in ("seq_len", "batch_size", "log_every_n_steps", "eval_batches"):
+        integer(cfg, key, 1)
+    integer(cfg, "seed", 0)
+    if cfg.get("global_batch_tokens") is None:
+        integer(cfg, "gradient_accumulation_steps", 1)
+    for key in ("global_batch_tokens", "max_steps", "max_tokens", "steps_this_run"):
+        integer(cfg, key, 1, optional=True)
+    for key in ("warmup_steps", "warmup_tokens"):
+        integer(cfg, key, 0, optional=True)
+    for key in ("eval_every_n_steps", "save_every_n_steps"):
+        integer(cfg, key, 0)
+    opt = cfg.optimizer
+    lr = number(opt, "lr", 0, low_open=True, where="optimizer.")
+    number(opt, "eps", 0, low_open=True, where="optimizer.")
+    number(opt, "weight_decay", 0, where="optimizer.")
+    number(opt, "ssm_lr_cap", 0, low_open=True, where="optimizer.")
+    numbers(opt, "betas", 0, 1, where="optimizer.", length=2, expected="two numbers in [0, 1)",
+            high_open=True)  # fmt: skip
+    number(cfg, "min_lr", 0, lr)
+    number(cfg, "clip_grad_norm", 0, low_open=True, optional=True)
+
+
+def check_training_section(section, set_per_run, where: str) -> None:
+    """A pretraining config without the keys another recipe sets per run (compare_mixers)."""
+    check_keys(section, KEYS - set(set_per_run), where)
