@@ -98,7 +98,7 @@ def test_bf16_autocast_close_to_fp32_with_fp32_ssm(tiny, mixer):
     assert torch.isfinite(out).all()
     rel = ((out.float() - ref).norm() / ref.norm()).item()
     assert rel < 5e-2, rel
-    ssm = m.layers[0].attn.ssm
+    ssm = m.layers[0].attn.core
     assert ssm.C_re.dtype == torch.float32 and torch.isfinite(ssm.C_re.grad).all()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         lam, beta, C = ssm.discretized()

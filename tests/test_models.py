@@ -65,7 +65,7 @@ def test_init_rules():
     assert abs(m.tok_embeddings.weight.std().item() - 0.02) < 0.002
     # C calibrated: the core output has unit RMS on unit-variance input at init
     torch.testing.assert_close(m.layers[0].attn.calibrate_(), torch.ones(4), atol=1e-3, rtol=0)
-    ssm = m.layers[0].attn.ssm
+    ssm = m.layers[0].attn.core
     assert torch.allclose(-torch.exp(ssm.log_A_real), torch.full_like(ssm.log_A_real, -0.5))
     dt = torch.exp(ssm.log_dt)
     assert (dt >= 1e-3 - 1e-9).all() and (dt <= 1e-1 + 1e-9).all()
@@ -109,7 +109,7 @@ def test_torchtune_activation_checkpointing_wraps_our_blocks():
     out = m(x)
     out.sum().backward()
     assert torch.allclose(out, ref, atol=1e-5)
-    assert m.layers[0].attn.ssm.C_re.grad is not None  # gradients reach the SSM through AC
+    assert m.layers[0].attn.core.C_re.grad is not None  # gradients reach the SSM through AC
 
 
 def test_torchtune_compile_compiles_our_blocks():
@@ -159,10 +159,10 @@ def test_unknown_mixer_option_names_the_key():
 
 def test_cpu_builders_carry_the_study_defaults_and_the_paper_stays_one_argument_away():
     layer = models.interdomain_tiny().layers[0].attn
-    assert layer.ssm.dt_min == 1e-2 and layer.rope_last_base == 10000.0
-    assert models.s4d_small().layers[0].attn.ssm.dt_min == 1e-2
+    assert layer.core.dt_min == 1e-2 and layer.rope_last_base == 10000.0
+    assert models.s4d_small().layers[0].attn.core.dt_min == 1e-2
     paper = models.interdomain_tiny(dt_min=1e-3, rope_position="before_feature_map")
-    assert paper.layers[0].attn.ssm.dt_min == 1e-3
+    assert paper.layers[0].attn.core.dt_min == 1e-3
     assert paper.layers[0].attn.rope_last_base is None
     with torch.device("meta"):  # the paper's sizes keep the paper's choices
         assert models.interdomain_125m().layers[0].attn.rope_last_base is None

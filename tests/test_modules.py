@@ -28,7 +28,7 @@ def literal_forward(layer, x, readout: str):
 
     pos, reset = positions_and_resets(None, *x.shape[:2], x.device)
     (q, a, b), _ = layer._inputs(x, pos, reset)
-    lam, beta, C = (t.to(torch.complex128) for t in layer.ssm.discretized())
+    lam, beta, C = (t.to(torch.complex128) for t in layer.core.discretized())
     o = interdomain_attention(q.double(), a.double(), b.double(), lam, beta, C, readout=readout,
                               impl="naive")  # fmt: skip
     return layer._output(x, o.float())
@@ -79,9 +79,9 @@ def test_grouped_state_equals_tied_heads():
     full = InterdomainAttention(D, H, num_modes=M, chunk_size=8)
     sd = {}
     for name, t in grouped.state_dict().items():
-        if name.startswith(("branch_a", "branch_b")) and t.dim() >= 1:
+        if name.startswith(("key_branch", "value_branch")) and t.dim() >= 1:
             t = t.view(G, D // H, *t.shape[1:]).repeat_interleave(r, 0).flatten(0, 1)
-        elif name.startswith(("norm_a.bias", "norm_b.bias", "ssm.")):
+        elif name.startswith(("key_norm.bias", "value_norm.bias", "core.")):
             t = t.repeat_interleave(r, 0)
         sd[name] = t
     full.load_state_dict(sd)
@@ -106,16 +106,7 @@ def test_calibration_gives_unit_rms(calibration):
 
 def test_mixer_errors():
     parts = dict(InterdomainAttention(D, H, num_modes=M).named_children())
-    wiring = {
-        "query": parts["query"],
-        "key_branch": parts["branch_a"],
-        "value_branch": parts["branch_b"],
-        "key_norm": parts["norm_a"],
-        "value_norm": parts["norm_b"],
-        "core": parts["ssm"],
-        "readout": parts["readout"],
-        "output_proj": parts["output_proj"],
-    }
+    wiring = parts  # the attributes are the constructor's arguments
     assert isinstance(SSMMixer(D, H, **wiring), SSMMixer)
     with pytest.raises(ValueError, match="query: QueryReadout needs query branch"):
         SSMMixer(D, H, **{**wiring, "query": None})

@@ -1,5 +1,6 @@
 """Named model builders: the paper's four scales (Table 3, exact parameter counts) and small
-CPU sizes. Zero-argument, torchtune-style: ``interdomain_125m()``, ``softmax_1_3b()``, …"""
+CPU sizes. Zero-argument, torchtune-style: ``interdomain_125m()``, ``softmax_1_3b()``, …;
+keyword overrides go to ``decoder`` (``mixer=`` too: ``interdomain_tiny(mixer="s4d")``)."""
 
 from __future__ import annotations
 
@@ -34,182 +35,199 @@ CPU_SSM_DEFAULTS = {"dt_min": 1e-2, "rope_position": "last"}
 
 def _build(mixer, vocab_size, max_seq_len, dims, num_modes, overrides, ssm_defaults=None):
     d, layers, heads = dims
-    kwargs = dict(
-        vocab_size=vocab_size,
-        num_layers=layers,
-        num_heads=heads,
-        embed_dim=d,
-        max_seq_len=max_seq_len,
-        mixer=mixer,
-    )
-    if mixer != "softmax":
-        kwargs.update(num_modes=num_modes, **(ssm_defaults or {}))
-    return decoder(**{**kwargs, **overrides})
+    mixer = overrides.get("mixer", mixer)
+    # the scale's SSM settings go to every mixer built from options (softmax drops them); a
+    # layer_idx callable builds its own
+    ssm = {} if callable(mixer) else {"num_modes": num_modes, **(ssm_defaults or {})}
+    sizes = dict(vocab_size=vocab_size, num_layers=layers, num_heads=heads, embed_dim=d)
+    return decoder(**{**sizes, "max_seq_len": max_seq_len, **ssm, **overrides, "mixer": mixer})
 
 
-def paper_model(mixer: str, scale: str, **overrides):
-    """One of the paper's models: mixer in {interdomain, softmax, s4d, <ablation cell>}."""
+def _paper(mixer, scale, overrides):
     return _build(mixer, PAPER_VOCAB, PAPER_CONTEXT, PAPER_SCALES[scale], 64, overrides)
 
 
-def cpu_model(mixer: str, scale: str, **overrides):
-    """A CPU-sized model (``CPU_SCALES``), SSM mixers with ``CPU_SSM_DEFAULTS``."""
+def _cpu(mixer, scale, overrides):
     *dims, modes = CPU_SCALES[scale]
     return _build(mixer, CPU_VOCAB, CPU_CONTEXT, dims, modes, overrides, CPU_SSM_DEFAULTS)
 
 
-# The named builders, one per (mixer, scale), written out so that a config's _component_ is
-# findable by grep and by an IDE.
+def paper_model(mixer: str, scale: str, **overrides):
+    """One of the paper's models (``PAPER_SCALES``): mixer a name of ``idmix.modules.MIXERS``
+    ("interdomain", "softmax", "s4d", a Table 4 cell, …)."""
+    return _paper(mixer, scale, overrides)
 
 
+def cpu_model(mixer: str, scale: str, **overrides):
+    """A CPU-sized model (``CPU_SCALES``), SSM mixers with ``CPU_SSM_DEFAULTS``."""
+    return _cpu(mixer, scale, overrides)
+
+
+# The named builders, one def per (mixer, scale) so that a config's _component_ is findable by
+# grep and by an IDE; @_named lists each in MODEL_BUILDERS (and so in idmix.models).
+MODEL_BUILDERS: list[str] = []
+
+
+def _named(builder):
+    MODEL_BUILDERS.append(builder.__name__)
+    return builder
+
+
+@_named
 def interdomain_125m(**overrides):
-    """Interdomain Attention, 125M (paper Table 3). Keyword overrides go to ``decoder``."""
-    return paper_model("interdomain", "125m", **overrides)
+    """Interdomain Attention, 125M (paper Table 3)."""
+    return _paper("interdomain", "125m", overrides)
 
 
+@_named
 def interdomain_350m(**overrides):
-    """Interdomain Attention, 350M (paper Table 3). Keyword overrides go to ``decoder``."""
-    return paper_model("interdomain", "350m", **overrides)
+    """Interdomain Attention, 350M (paper Table 3)."""
+    return _paper("interdomain", "350m", overrides)
 
 
+@_named
 def interdomain_760m(**overrides):
-    """Interdomain Attention, 760M (paper Table 3). Keyword overrides go to ``decoder``."""
-    return paper_model("interdomain", "760m", **overrides)
+    """Interdomain Attention, 760M (paper Table 3)."""
+    return _paper("interdomain", "760m", overrides)
 
 
+@_named
 def interdomain_1_3b(**overrides):
-    """Interdomain Attention, 1.3B (paper Table 3). Keyword overrides go to ``decoder``."""
-    return paper_model("interdomain", "1_3b", **overrides)
+    """Interdomain Attention, 1.3B (paper Table 3)."""
+    return _paper("interdomain", "1_3b", overrides)
 
 
+@_named
 def interdomain_tiny(**overrides):
-    """Interdomain Attention, tiny (CPU size). Keyword overrides go to ``decoder``."""
-    return cpu_model("interdomain", "tiny", **overrides)
+    """Interdomain Attention, tiny (CPU size)."""
+    return _cpu("interdomain", "tiny", overrides)
 
 
+@_named
 def interdomain_small(**overrides):
-    """Interdomain Attention, small (CPU size). Keyword overrides go to ``decoder``."""
-    return cpu_model("interdomain", "small", **overrides)
+    """Interdomain Attention, small (CPU size)."""
+    return _cpu("interdomain", "small", overrides)
 
 
+@_named
 def softmax_125m(**overrides):
-    """softmax attention, 125M (paper Table 3). Keyword overrides go to ``decoder``."""
-    return paper_model("softmax", "125m", **overrides)
+    """Softmax attention, 125M (paper Table 3)."""
+    return _paper("softmax", "125m", overrides)
 
 
+@_named
 def softmax_350m(**overrides):
-    """softmax attention, 350M (paper Table 3). Keyword overrides go to ``decoder``."""
-    return paper_model("softmax", "350m", **overrides)
+    """Softmax attention, 350M (paper Table 3)."""
+    return _paper("softmax", "350m", overrides)
 
 
+@_named
 def softmax_760m(**overrides):
-    """softmax attention, 760M (paper Table 3). Keyword overrides go to ``decoder``."""
-    return paper_model("softmax", "760m", **overrides)
+    """Softmax attention, 760M (paper Table 3)."""
+    return _paper("softmax", "760m", overrides)
 
 
+@_named
 def softmax_1_3b(**overrides):
-    """softmax attention, 1.3B (paper Table 3). Keyword overrides go to ``decoder``."""
-    return paper_model("softmax", "1_3b", **overrides)
+    """Softmax attention, 1.3B (paper Table 3)."""
+    return _paper("softmax", "1_3b", overrides)
 
 
+@_named
 def softmax_tiny(**overrides):
-    """softmax attention, tiny (CPU size). Keyword overrides go to ``decoder``."""
-    return cpu_model("softmax", "tiny", **overrides)
+    """Softmax attention, tiny (CPU size)."""
+    return _cpu("softmax", "tiny", overrides)
 
 
+@_named
 def softmax_small(**overrides):
-    """softmax attention, small (CPU size). Keyword overrides go to ``decoder``."""
-    return cpu_model("softmax", "small", **overrides)
+    """Softmax attention, small (CPU size)."""
+    return _cpu("softmax", "small", overrides)
 
 
+@_named
 def s4d_125m(**overrides):
-    """S4D-only, 125M (paper Table 3). Keyword overrides go to ``decoder``."""
-    return paper_model("s4d", "125m", **overrides)
+    """S4D-only, 125M (paper Table 3)."""
+    return _paper("s4d", "125m", overrides)
 
 
+@_named
 def s4d_350m(**overrides):
-    """S4D-only, 350M (paper Table 3). Keyword overrides go to ``decoder``."""
-    return paper_model("s4d", "350m", **overrides)
+    """S4D-only, 350M (paper Table 3)."""
+    return _paper("s4d", "350m", overrides)
 
 
+@_named
 def s4d_760m(**overrides):
-    """S4D-only, 760M (paper Table 3). Keyword overrides go to ``decoder``."""
-    return paper_model("s4d", "760m", **overrides)
+    """S4D-only, 760M (paper Table 3)."""
+    return _paper("s4d", "760m", overrides)
 
 
+@_named
 def s4d_1_3b(**overrides):
-    """S4D-only, 1.3B (paper Table 3). Keyword overrides go to ``decoder``."""
-    return paper_model("s4d", "1_3b", **overrides)
+    """S4D-only, 1.3B (paper Table 3)."""
+    return _paper("s4d", "1_3b", overrides)
 
 
+@_named
 def s4d_tiny(**overrides):
-    """S4D-only, tiny (CPU size). Keyword overrides go to ``decoder``."""
-    return cpu_model("s4d", "tiny", **overrides)
+    """S4D-only, tiny (CPU size)."""
+    return _cpu("s4d", "tiny", overrides)
 
 
+@_named
 def s4d_small(**overrides):
-    """S4D-only, small (CPU size). Keyword overrides go to ``decoder``."""
-    return cpu_model("s4d", "small", **overrides)
+    """S4D-only, small (CPU size)."""
+    return _cpu("s4d", "small", overrides)
 
 
+@_named
 def selective_interdomain_125m(**overrides):
-    """Selective Interdomain Attention, 125M (paper Table 3 shapes). Overrides go to ``decoder``."""
-    return paper_model("selective_interdomain", "125m", **overrides)
+    """Selective Interdomain Attention, 125M (paper Table 3 shapes)."""
+    return _paper("selective_interdomain", "125m", overrides)
 
 
+@_named
 def selective_interdomain_350m(**overrides):
-    """Selective Interdomain Attention, 350M (paper Table 3 shapes). Overrides go to ``decoder``."""
-    return paper_model("selective_interdomain", "350m", **overrides)
+    """Selective Interdomain Attention, 350M (paper Table 3 shapes)."""
+    return _paper("selective_interdomain", "350m", overrides)
 
 
+@_named
 def selective_interdomain_760m(**overrides):
-    """Selective Interdomain Attention, 760M (paper Table 3 shapes). Overrides go to ``decoder``."""
-    return paper_model("selective_interdomain", "760m", **overrides)
+    """Selective Interdomain Attention, 760M (paper Table 3 shapes)."""
+    return _paper("selective_interdomain", "760m", overrides)
 
 
+@_named
 def selective_interdomain_1_3b(**overrides):
-    """Selective Interdomain Attention, 1.3B (paper Table 3 shapes). Overrides go to ``decoder``."""
-    return paper_model("selective_interdomain", "1_3b", **overrides)
+    """Selective Interdomain Attention, 1.3B (paper Table 3 shapes)."""
+    return _paper("selective_interdomain", "1_3b", overrides)
 
 
+@_named
 def selective_interdomain_tiny(**overrides):
-    """Selective Interdomain Attention, tiny (CPU size). Overrides go to ``decoder``."""
-    return cpu_model("selective_interdomain", "tiny", **overrides)
+    """Selective Interdomain Attention, tiny (CPU size)."""
+    return _cpu("selective_interdomain", "tiny", overrides)
 
 
+@_named
 def selective_interdomain_small(**overrides):
-    """Selective Interdomain Attention, small (CPU size). Overrides go to ``decoder``."""
-    return cpu_model("selective_interdomain", "small", **overrides)
-
-
-MODEL_BUILDERS = [
-    "selective_interdomain_125m",
-    "selective_interdomain_350m",
-    "selective_interdomain_760m",
-    "selective_interdomain_1_3b",
-    "selective_interdomain_tiny",
-    "selective_interdomain_small",
-    "interdomain_125m",
-    "interdomain_1_3b",
-    "interdomain_350m",
-    "interdomain_760m",
-    "interdomain_small",
-    "interdomain_tiny",
-    "s4d_125m",
-    "s4d_1_3b",
-    "s4d_350m",
-    "s4d_760m",
-    "s4d_small",
-    "s4d_tiny",
-    "softmax_125m",
-    "softmax_1_3b",
-    "softmax_350m",
-    "softmax_760m",
-    "softmax_small",
-    "softmax_tiny",
-]
+    """Selective Interdomain Attention, small (CPU size)."""
+    return _cpu("selective_interdomain", "small", overrides)
 
 
 def ablation_125m(cell: str, **overrides):
     """One of the six Table 4 cells at 125M."""
     return paper_model(cell, "125m", **overrides)
+
+
+__all__ = [
+    "CPU_SCALES",
+    "CPU_SSM_DEFAULTS",
+    "MODEL_BUILDERS",
+    "ablation_125m",
+    "cpu_model",
+    "paper_model",
+    *MODEL_BUILDERS,
+]

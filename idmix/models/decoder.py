@@ -7,24 +7,15 @@ checkpointing apply to our blocks unchanged. torchtune is imported here, at buil
 
 from __future__ import annotations
 
-import inspect
+import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 
 from ..debug import check_values
-from ..modules import (
-    ABLATION_CELLS,
-    InterdomainAttention,
-    S4DMixer,
-    SelectiveInterdomainAttention,
-    SoftmaxAttention,
-    SSMMixer,
-    ablation_cell,
-    ssm_mixer,
-)
+from ..modules import SSMMixer, resolve_mixer
 
 MixerFactory = Callable[[int], nn.Module]
 
@@ -34,40 +25,33 @@ def swiglu_hidden_dim(embed_dim: int) -> int:
     return math.ceil(8 * embed_dim / 3 / 128) * 128
 
 
-def _check_options(kind: str, kwargs: dict) -> None:
-    """A config typo (e.g. ``model.mixer_kwargs.dt_min=…``) fails here, naming the key, instead
-    of as a TypeError deep inside a mixer's constructor."""
-    fixed = {"embed_dim", "num_heads", "dual_kv", "query_readout"}  # set by the kind
-    known = set(inspect.signature(ssm_mixer).parameters) - fixed
-    if kind == "softmax":
-        known = {"rope_base", "use_rope", *known}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
+def mixer_factory(mixer: str | Mapping, embed_dim: int, num_heads: int, **options) -> MixerFactory:
+    """layer_idx -> mixer, for mixer a name of ``idmix.modules.MIXERS`` ("interdomain",
+    "softmax", "s4d", "selective_interdomain", a Table 4 cell, or one you registered), or a
+    config node ``{"_component_": "package.module.builder", **more options}`` naming a builder
+    (embed_dim, num_heads, **options) -> nn.Module (how a config selects a mixer of your own:
+    ``model.mixer._component_=…``). Unknown options of a registered mixer fail here, by name."""
+    if isinstance(mixer, Mapping):
+        spec = dict(mixer)
+        build = _component(spec.pop("_component_", None))
+        options = {**options, **spec}
+    else:
+        build, options = resolve_mixer(mixer, options)
+    return lambda _: build(embed_dim, num_heads, **options)
+
+
+def _component(path) -> Callable:
+    """The object a dotted path names (``mixer._component_``)."""
+    module, _, name = path.rpartition(".") if isinstance(path, str) else ("", "", "")
+    try:
+        found = getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"mixer._component_: cannot import {path!r} ({e})") from None
+    if not callable(found):
         raise ValueError(
-            f"mixer options: unknown {unknown} for mixer {kind!r}; known: {sorted(known)}"
+            f"mixer._component_: expected the dotted path of a mixer builder, got {path!r}"
         )
-
-
-def mixer_factory(kind: str, embed_dim: int, num_heads: int, **kwargs) -> MixerFactory:
-    """layer_idx -> mixer for kind "interdomain", "softmax", "s4d", "selective_interdomain" or
-    an ablation cell name."""
-    _check_options(kind, kwargs)
-    if kind == "interdomain":
-        return lambda _: InterdomainAttention(embed_dim, num_heads, **kwargs)
-    if kind == "s4d":
-        return lambda _: S4DMixer(embed_dim, num_heads, **kwargs)
-    if kind == "selective_interdomain":
-        return lambda _: SelectiveInterdomainAttention(embed_dim, num_heads, **kwargs)
-    if kind == "softmax":
-        keep = {k: v for k, v in kwargs.items() if k in ("rope_base", "use_rope")}
-        return lambda _: SoftmaxAttention(embed_dim, num_heads, **keep)
-    if kind in ABLATION_CELLS:
-        return lambda _: ablation_cell(kind, embed_dim, num_heads, **kwargs)
-    raise ValueError(
-        "mixer: expected 'interdomain', 'softmax', 's4d', 'selective_interdomain' or one of "
-        f"{sorted(ABLATION_CELLS)}, "
-        f"got {kind!r}"
-    )
+    return found
 
 
 def decoder(
@@ -77,15 +61,16 @@ def decoder(
     num_heads: int,
     embed_dim: int,
     max_seq_len: int,
-    mixer: str | MixerFactory = "interdomain",
+    mixer: str | Mapping | MixerFactory = "interdomain",
     intermediate_dim: int | None = None,
     norm_eps: float = 1e-6,
     init_std: float = 0.02,
     **mixer_kwargs,
 ):
     """Pre-norm decoder: embedding -> num_layers × [RMSNorm, mixer, RMSNorm, SwiGLU] -> RMSNorm
-    -> untied output. No linear biases. ``mixer`` is a kind (see ``mixer_factory``) or a
-    ``layer_idx -> nn.Module`` callable (dependency injection). ``max_seq_len`` bounds the input
+    -> untied output. No linear biases. ``mixer``: a registered name or a ``_component_`` node,
+    built with ``mixer_kwargs`` (``mixer_factory``), or a ``layer_idx -> nn.Module`` callable
+    (dependency injection; it takes no mixer_kwargs). ``max_seq_len`` bounds the input
     torchtune accepts (the SSM mixers themselves have no length limit).
 
     Init: N(0, init_std) for embeddings and linears; residual output projections (mixer
@@ -110,10 +95,14 @@ def decoder(
             raise ValueError(f"{name}: expected a positive int, got {value!r}")
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim: {embed_dim} is not divisible by num_heads={num_heads}")
+    if callable(mixer) and mixer_kwargs:
+        raise ValueError(
+            f"mixer_kwargs: {sorted(mixer_kwargs)} given with a callable mixer, which builds its "
+            "layers itself: pass them to it, or give mixer as a registered name or as "
+            "{'_component_': 'module.builder'}, which receive them"
+        )
     make_mixer = (
-        mixer_factory(mixer, embed_dim, num_heads, **mixer_kwargs)
-        if isinstance(mixer, str)
-        else mixer
+        mixer if callable(mixer) else mixer_factory(mixer, embed_dim, num_heads, **mixer_kwargs)
     )
     hidden = intermediate_dim or swiglu_hidden_dim(embed_dim)
 

@@ -1,35 +1,70 @@
-"""nn.Modules built from idmix.functional: the mixer and its parts, the named mixers (builders
-composing the parts), their caches and the softmax baseline."""
+"""nn.Modules built from idmix.functional: the SSM mixer and its parts (contracts in
+``parts``), the named mixers (choices of parts) and their registry, caches and the softmax
+baseline."""
 
 from .branches import Branch, HeadNorm
 from .cache import KVCache, RecurrentCache
 from .cells import ABLATION_CELLS, ablation_cell
-from .compose import ssm_mixer
+from .compose import SSM_OPTIONS, SigmoidGate, ssm_mixer
+from .inputs import dual_kv_inputs, generic_inputs
 from .interdomain import InterdomainAttention
-from .mixer import SigmoidGate, SSMMixer, upgrade_state_dict
+from .legacy import upgrade_state_dict
+from .mixer import SSMMixer
+from .parts import (
+    Core,
+    FeatureMap,
+    Gate,
+    InputBranch,
+    InputParts,
+    PartFactory,
+    Readout,
+    ReadoutParts,
+    SSMArgs,
+)
 from .readouts import LinearReadout, QueryReadout
+from .registry import MIXERS, register_mixer, resolve_mixer
 from .s4d_mixer import S4DMixer
-from .selective import SelectiveInterdomainAttention, SelectiveQueryReadout
+from .selective import (
+    PerTokenDecayReadout,
+    SelectiveInterdomainAttention,
+    SelectiveQueryReadout,
+)
 from .softmax import SoftmaxAttention
 from .ssm import S4DCore
 
 __all__ = [
     "ABLATION_CELLS",
+    "MIXERS",
+    "SSM_OPTIONS",
     "Branch",
+    "Core",
+    "FeatureMap",
+    "Gate",
     "HeadNorm",
+    "InputBranch",
+    "InputParts",
     "InterdomainAttention",
     "KVCache",
     "LinearReadout",
+    "PartFactory",
+    "PerTokenDecayReadout",
     "QueryReadout",
+    "Readout",
+    "ReadoutParts",
     "RecurrentCache",
     "S4DCore",
     "S4DMixer",
+    "SSMArgs",
     "SSMMixer",
     "SelectiveInterdomainAttention",
     "SelectiveQueryReadout",
     "SigmoidGate",
     "SoftmaxAttention",
     "ablation_cell",
+    "dual_kv_inputs",
+    "generic_inputs",
+    "register_mixer",
+    "resolve_mixer",
     "ssm_mixer",
     "upgrade_state_dict",
 ]

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
 from ..functional import rope, short_conv, short_conv_step, short_conv_with_resets
-
-FeatureMap = Callable[[torch.Tensor], torch.Tensor]
+from .parts import FeatureMap
 
 
 class Branch(nn.Module):

@@ -8,7 +8,8 @@ real (``idmix.functional.state_to_interleaved``), and return per-head outputs.
 
 q: (B, T, H, d_h) (None for a readout without a query); a, b: (B, T, G, d_h); state: None or
 the initial state; reset: (B, T) bool document starts or None. ``c_degree``: the degree of the
-output in C (the calibration at init takes that root of the scale).
+output in C (the calibration at init takes that root of the scale). ``from_args(SSMArgs)``
+builds a readout for ``ssm_mixer``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..functional import (
 )
 from ..functional.interdomain.precision import check_precision
 from ..functional.interdomain.validation import check_backend, check_chunk_size
+from .parts import ReadoutParts, SSMArgs
 
 
 class QueryReadout(nn.Module):
@@ -63,6 +65,18 @@ class QueryReadout(nn.Module):
         self.num_heads, self.num_state_groups = num_heads, num_state_groups
         self.convention, self.chunk_size, self.backend = convention, chunk_size, backend
         self.precision = precision
+
+    @classmethod
+    def from_args(cls, args: SSMArgs) -> QueryReadout:
+        """Its convention, chunk size, backend and precision from ``args``."""
+        return cls(
+            args.num_heads,
+            args.groups,
+            args.readout_convention,
+            args.chunk_size,
+            args.backend,
+            args.precision,
+        )
 
     def forward(self, q, a, b, core, state=None, reset=None):
         lam_ri, beta_ri = core.discretized_real()
@@ -106,6 +120,9 @@ class QueryReadout(nn.Module):
         o = o.unflatten(0, (B, r)).permute(0, 2, 3, 1, 4).flatten(2, 3)  # (B, T, H, d_h)
         return o, final[::r]
 
+    def prepare_decoding(self, core) -> None:
+        core.snapshot_decoding(self.convention)
+
     def step(self, q, a, b, core, state):
         lam_ri, beta_ri = core.decoding_real()
         G_hat = core.decoding_gram(self.convention)
@@ -132,9 +149,31 @@ class LinearReadout(nn.Module):
         super().__init__()
         self.mode_weights = nn.Parameter(torch.full((num_heads, num_modes), num_modes**-0.5))
 
+    @classmethod
+    def from_args(cls, args: SSMArgs) -> ReadoutParts:
+        """The readout and its d × d head mix (C_out); PyTorch only, one state per head."""
+        if args.groups != args.num_heads:
+            raise ValueError(
+                "num_state_groups: the linear readout keeps one state per head, got "
+                f"{args.num_state_groups!r}"
+            )
+        if args.backend != "auto":
+            raise ValueError(
+                f"backend: the linear readout runs on PyTorch only, got {args.backend!r}"
+            )
+        if args.precision != "auto":
+            raise ValueError(
+                f"precision: the linear readout has no matrix products, got {args.precision!r}"
+            )
+        head_mix = nn.Linear(args.embed_dim, args.embed_dim, bias=False)
+        return ReadoutParts(cls(args.num_heads, args.num_modes), head_mix)
+
     def contraction(self, C):
         """c = Cᵀ w: (H, M) complex, from C (H, M, M)."""
         return torch.einsum("hmn,hm->hn", C, self.mode_weights.float().to(C.dtype))
+
+    def prepare_decoding(self, core) -> None:
+        """Nothing to snapshot: the step reads λ, β and C directly."""
 
     def forward(self, q, a, b, core, state=None, reset=None):
         lam, beta, C = core.discretized()

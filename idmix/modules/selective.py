@@ -6,8 +6,9 @@ composed from the shared parts with one new part, the readout that computes the 
 - Per head, not per head and mode: one Δ per head is what the S4D core already has (the
   modes of a head keep their relative time scales, set by A), and it costs 2·d_h new
   parameters per head instead of M times that.
-- From the normalised SSM inputs [k̃_t; ṽ_t], which the readout receives, so the mixer code is
-  unchanged; they carry the token (projection, short conv, feature map) like Mamba's x_t.
+- From the normalised SSM inputs [k̃_t; ṽ_t], which the readout receives, so the layer is
+  ``ssm_mixer`` with this readout and nothing else new; they carry the token (projection,
+  short conv, feature map) like Mamba's x_t.
 - w starts at zero and the bias is the core's own Δ_h (``log_dt``): at init the layer is
   exactly Interdomain Attention, and training moves away from it.
 """
@@ -21,35 +22,36 @@ from torch import nn
 from ..functional import discretize_real, interdomain_attention_real, interdomain_decode_step_real
 from .compose import ssm_mixer
 from .mixer import SSMMixer
+from .parts import SSMArgs
 from .readouts import QueryReadout
 
 
-class SelectiveQueryReadout(QueryReadout):
-    """The query readout with per-token decays (above). ``dt_weight``: (H, 2·d_h), in the SSM
-    optimiser group like Δ itself. One query head per state head (no grouped state)."""
+class PerTokenDecayReadout(QueryReadout):
+    """The query readout with per-token decays from ``decays(a, b, core)`` (a subclass's) and one
+    zero-initialised parameter ``dt_weight`` of the subclass's shape (so the layer starts as
+    Interdomain Attention), in the SSM optimiser group like Δ itself. One query head per state
+    head (no grouped state)."""
 
     param_group = "ssm"
 
     def __init__(
         self,
         num_heads: int,
-        head_dim: int,
+        dt_weight_shape: tuple[int, ...],
         convention: str = "conj",
         chunk_size=64,
         backend: str = "auto",
         precision: str = "auto",
     ):
         super().__init__(num_heads, num_heads, convention, chunk_size, backend, precision)
-        self.dt_weight = nn.Parameter(torch.zeros(num_heads, 2 * head_dim))
+        self.dt_weight = nn.Parameter(torch.zeros(dt_weight_shape))
 
-    def decays(self, a, b, core):
-        """a, b: (B, T, H, d_h) -> (lam_ri, beta_ri): (B, T, H, M, 2) fp32."""
-        with torch.autocast(a.device.type, enabled=False):
-            base = torch.exp(core.log_dt.float())  # (H,): the core's Δ
-            bias = base + torch.log(-torch.expm1(-base))  # softplus⁻¹(Δ)
-            z = torch.cat([a, b], -1).float()
-            dt = F.softplus((z * self.dt_weight.float()).sum(-1) + bias)  # (B, T, H)
-            return discretize_real(dt, core.log_A_real.float(), core.A_imag.float())
+    @staticmethod
+    def check_args(args: SSMArgs) -> SSMArgs:
+        """args, if they keep one state per head (for a subclass's ``from_args``)."""
+        if args.groups != args.num_heads:
+            raise ValueError("num_state_groups: the selective layer keeps one state per head")
+        return args
 
     def forward(self, q, a, b, core, state=None, reset=None):
         lam_ri, beta_ri = self.decays(a, b, core)
@@ -75,16 +77,39 @@ class SelectiveQueryReadout(QueryReadout):
         )
 
 
+class SelectiveQueryReadout(PerTokenDecayReadout):
+    """Δ per token and head (above): ``dt_weight`` (H, 2·d_h)."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        convention: str = "conj",
+        chunk_size=64,
+        backend: str = "auto",
+        precision: str = "auto",
+    ):
+        shape = (num_heads, 2 * head_dim)
+        super().__init__(num_heads, shape, convention, chunk_size, backend, precision)
+
+    @classmethod
+    def from_args(cls, args: SSMArgs) -> SelectiveQueryReadout:
+        a = cls.check_args(args)
+        return cls(
+            a.num_heads, a.head_dim, a.readout_convention, a.chunk_size, a.backend, a.precision
+        )
+
+    def decays(self, a, b, core):
+        """a, b: (B, T, H, d_h) -> (lam_ri, beta_ri): (B, T, H, M, 2) fp32."""
+        with torch.autocast(a.device.type, enabled=False):
+            base = torch.exp(core.log_dt.float())  # (H,): the core's Δ
+            bias = base + torch.log(-torch.expm1(-base))  # softplus⁻¹(Δ)
+            z = torch.cat([a, b], -1).float()
+            dt = F.softplus((z * self.dt_weight.float()).sum(-1) + bias)  # (B, T, H)
+            return discretize_real(dt, core.log_A_real.float(), core.A_imag.float())
+
+
 def SelectiveInterdomainAttention(embed_dim: int, num_heads: int, **options) -> SSMMixer:  # noqa: N802
-    """Builder: Interdomain Attention (``ssm_mixer`` with dual KV input and the query readout)
-    whose readout is a ``SelectiveQueryReadout``. Options as for ``InterdomainAttention``
-    except ``num_state_groups`` (not supported with per-token decays)."""
-    if options.get("num_state_groups") not in (None, num_heads):
-        raise ValueError("num_state_groups: the selective layer keeps one state per head")
-    mixer = ssm_mixer(embed_dim, num_heads, dual_kv=True, query_readout=True, **options)
-    shared = mixer.readout
-    mixer.readout = SelectiveQueryReadout(
-        num_heads, mixer.head_dim, shared.convention, shared.chunk_size, shared.backend,
-        shared.precision,
-    )  # fmt: skip
-    return mixer
+    """Builder: Interdomain Attention whose readout is a ``SelectiveQueryReadout``. Options as
+    for ``InterdomainAttention`` except ``num_state_groups`` (one state per head)."""
+    return ssm_mixer(embed_dim, num_heads, readout=SelectiveQueryReadout, **options)

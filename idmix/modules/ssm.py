@@ -62,6 +62,11 @@ class S4DCore(nn.Module):
             self.register_buffer(f"decoding_{name}", None, persistent=False)
         self.reset_parameters()
 
+    @classmethod
+    def from_args(cls, args) -> S4DCore:
+        """G = ``args.groups`` heads of ``args.num_modes`` modes (``ssm_mixer``'s default core)."""
+        return cls(args.groups, args.num_modes, args.dt_min, args.dt_max, a_init=args.a_init)
+
     @torch.no_grad()
     def reset_parameters(self) -> None:
         if self.C_re.is_meta:
@@ -117,6 +122,12 @@ class S4DCore(nn.Module):
     def _compute_gram(self, readout: str):
         return readout_gram_real(self.C_re.float(), self.C_im.float(), readout)
 
+    @torch.no_grad()
+    def scale_readout_(self, scale: torch.Tensor) -> None:
+        """C ← scale[h] · C per head (the mixer's init calibration). scale: (H,)."""
+        self.C_re.mul_(scale.to(self.C_re)[:, None, None])
+        self.C_im.mul_(scale.to(self.C_im)[:, None, None])
+
     # decoding constants ------------------------------------------------------------------------
     @torch.no_grad()
     def snapshot_decoding(self, readout: str) -> None:
@@ -126,7 +137,10 @@ class S4DCore(nn.Module):
         C, M³ per head: more than the step itself). The mixer calls this from setup_cache and
         reset_cache, so after changing the weights, reset the caches before compiled or
         exported decoding (``generate`` sets them up on every call). Later snapshots write into
-        the same tensors, so a compiled step sees the same inputs and does not recompile."""
+        the same tensors, so a compiled step sees the same inputs and does not recompile.
+        Skipped on the meta device (no values yet)."""
+        if self.C_re.is_meta:
+            return
         with torch.autocast(self.C_re.device.type, enabled=False):
             lam_ri, beta_ri = self._compute_real()
             fresh = {

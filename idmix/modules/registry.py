@@ -1,0 +1,72 @@
+"""The mixer registry: name -> builder ``(embed_dim, num_heads, **options) -> nn.Module``, the
+one table ``idmix.models.decoder(mixer=<name>)`` and configs (``model.mixer=s4d``) read.
+
+Each entry says which options it takes, so a config typo fails naming the key; the softmax
+baseline takes the SSM options too and drops them (one config line can switch mixers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import NamedTuple
+
+from torch import nn
+
+from .cells import ABLATION_CELLS, ablation_cell
+from .compose import SSM_OPTIONS
+from .interdomain import InterdomainAttention
+from .s4d_mixer import S4DMixer
+from .selective import SelectiveInterdomainAttention
+from .softmax import SoftmaxAttention
+
+MixerBuilder = Callable[..., nn.Module]  # (embed_dim, num_heads, **options) -> mixer
+
+
+class MixerEntry(NamedTuple):
+    """build: a MixerBuilder; options: the option names it accepts (None: any, the builder
+    checks); keeps: the accepted ones it is given (None: all), the rest dropped."""
+
+    build: MixerBuilder
+    options: frozenset[str] | None = None
+    keeps: frozenset[str] | None = None
+
+
+MIXERS: dict[str, MixerEntry] = {
+    "interdomain": MixerEntry(InterdomainAttention, SSM_OPTIONS),
+    "s4d": MixerEntry(S4DMixer, SSM_OPTIONS),
+    "selective_interdomain": MixerEntry(SelectiveInterdomainAttention, SSM_OPTIONS),
+    "softmax": MixerEntry(SoftmaxAttention, SSM_OPTIONS, frozenset({"rope_base", "use_rope"})),
+    **{
+        name: MixerEntry(partial(ablation_cell, name), SSM_OPTIONS - set(parts))
+        for name, parts in ABLATION_CELLS.items()
+    },
+}
+
+
+def register_mixer(name: str, build: MixerBuilder, options=None) -> MixerBuilder:
+    """Add a mixer under name (options: the option names it accepts, None for any); returns
+    build. Registering another builder under a taken name is an error."""
+    if name in MIXERS and MIXERS[name].build is not build:
+        raise ValueError(f"name: mixer {name!r} is already registered ({MIXERS[name].build})")
+    MIXERS[name] = MixerEntry(build, None if options is None else frozenset(options))
+    return build
+
+
+def resolve_mixer(name: str, options: dict) -> tuple[MixerBuilder, dict]:
+    """(builder, the options it is given) for the mixer registered under name; an unknown name
+    or option is an error naming it."""
+    if name not in MIXERS:
+        raise ValueError(
+            f"mixer: expected one of {sorted(MIXERS)} or {{'_component_': 'module.builder'}}, "
+            f"got {name!r}"
+        )
+    entry = MIXERS[name]
+    unknown = sorted(set(options) - entry.options) if entry.options is not None else []
+    if unknown:
+        raise ValueError(
+            f"mixer options: unknown {unknown} for mixer {name!r}; known: {sorted(entry.options)}"
+        )
+    if entry.keeps is not None:
+        options = {k: v for k, v in options.items() if k in entry.keeps}
+    return entry.build, options
