@@ -13,11 +13,9 @@ metric per task and their mean, the paper's Table 7 layout) to output_dir.
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 
-import datasets
 import torch
 from lm_eval import simple_evaluate
 from lm_eval.tasks import TaskManager
@@ -26,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchtune import config
 
 from idmix.evaluation.lm_eval_model import IdmixLM
+from idmix.evaluation.lm_eval_tasks import CORPUS_TASK, corpus_task, headline
 from idmix.evaluation.report import markdown_table
 from idmix.training.checkpoint import load_exported_model
 from idmix.training.config_checks import check_keys
@@ -37,45 +36,7 @@ KEYS = {
     "max_length", "device", "seed", "output_dir", "overwrite", "headline_metrics",
     "perplexity_dataset",
 }  # fmt: skip
-CORPUS_TASK = "corpus_perplexity"
 RESULTS = ("results.json", "results.md")
-
-
-def headline(results: dict, tasks: list[str], metrics: dict) -> list[tuple[str, str, float]]:
-    """(task, metric, value) for each task: metrics[task] if given, else the first of acc,
-    exact_match, word_perplexity that the task reports."""
-    rows = []
-    for task in tasks:
-        found = results.get(task, {})
-        for metric in (metrics.get(task), "acc", "exact_match", "word_perplexity"):
-            key = next((k for k in found if metric and k.split(",")[0] == metric), None)
-            if key is not None:
-                rows.append((task, metric, float(found[key])))
-                break
-    return rows
-
-
-def corpus_task(dataset_cfg, limit: int | None) -> dict:
-    """An lm-eval task config: rolling perplexity (word, byte, bits per byte) over the
-    documents of a dataset component (its first `limit` when given, e.g. for a stream)."""
-    ds = config.instantiate(dataset_cfg)
-    texts = [row["text"] for row in itertools.islice(ds, limit)]
-    if not texts:
-        raise ValueError("perplexity_dataset: expected documents, got an empty dataset")
-    docs = datasets.DatasetDict({"test": datasets.Dataset.from_dict({"text": texts})})
-    return {
-        "task": CORPUS_TASK,
-        "custom_dataset": lambda **_: docs,
-        "test_split": "test",
-        "output_type": "loglikelihood_rolling",
-        "doc_to_text": "",
-        "doc_to_target": "{{text}}",
-        "should_decontaminate": False,
-        "metric_list": [
-            {"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")
-        ],
-        "metadata": {"version": 1.0},
-    }
 
 
 @config.parse

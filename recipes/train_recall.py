@@ -13,205 +13,21 @@ which equals greedy decoding of the whole answer. Writes recall.{md,json,png} to
 
 from __future__ import annotations
 
-import random
-import statistics
 import sys
-import time
 
-import torch
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 from torchtune import config
-from tqdm import tqdm
 
-from idmix.evaluation import recall
-from idmix.evaluation.report import markdown_table
-from idmix.training.config_checks import check_keys, integer, number, numbers, one_of
+from idmix.evaluation.recall_study import KEYS, RESULTS, check_config, plot, report, sweep
 from idmix.training.files import atomic_write_json, atomic_write_text
-from idmix.training.optim import param_groups, warmup_cosine
 from idmix.training.outputs import fresh_outputs
-from idmix.training.plots import line_plot
 
-KEYS = {
-    "model", "mixers", "vocab_size", "train", "evaluate", "batch_size", "steps", "lrs",
-    "warmup_steps", "weight_decay", "ssm_lr_cap", "eval_examples", "seed", "device",
-    "output_dir", "overwrite",
-}  # fmt: skip
-RESULTS = ("recall.md", "recall.json", "recall.png")
-SIZED = ("mqar", "phonebook")  # passkey's difficulty is its seq_len
-LABELS = {"mqar": "MQAR", "phonebook": "phonebook", "passkey": "passkey"}
-X_AXIS = {"mqar": "key-value pairs", "phonebook": "entries", "passkey": "context length"}
-
-
-def _setting(entry, where: str, sized_as: type) -> tuple[str, int, object]:
-    """(task, seq_len, size) of one `train`/`evaluate` entry, checked."""
-    check_keys(entry, ("task", "seq_len", "size"), where)
-    task = one_of(entry, "task", recall.TASKS, where=f"{where}.")
-    seq_len = integer(entry, "seq_len", 16, where=f"{where}.")
-    if task not in SIZED:
-        return task, seq_len, None
-    if sized_as is not list:
-        return task, seq_len, integer(entry, "size", 1, where=f"{where}.")
-    size = entry.get("size")
-    size = list(size) if isinstance(size, ListConfig) else size
-    if not _is_range(size):
-        raise ValueError(f"{where}.size: expected [lo, hi] with 1 ≤ lo ≤ hi, got {size!r}")
-    return task, seq_len, tuple(size)
-
-
-def _is_range(size) -> bool:
-    return (
-        isinstance(size, list)
-        and len(size) == 2
-        and all(isinstance(n, int) for n in size)
-        and 1 <= size[0] <= size[1]
-    )
-
-
-def settings(cfg) -> tuple[list, list]:
-    """The checked `train` and `evaluate` settings."""
-    for key in ("train", "evaluate"):
-        if not cfg.get(key):
-            raise ValueError(f"config: {key}: expected a non-empty list of settings")
-    train = [_setting(e, f"train[{i}]", list) for i, e in enumerate(cfg.train)]
-    evaluate = [_setting(e, f"evaluate[{i}]", int) for i, e in enumerate(cfg.evaluate)]
-    return train, evaluate
-
-
-def check(cfg, model, train, evaluate) -> None:
-    if model.output.out_features < cfg.vocab_size:
-        raise ValueError(
-            f"model: vocab_size {model.output.out_features} < the probes' vocab_size "
-            f"{cfg.vocab_size}"
-        )
-    for i, (task, seq_len, size) in enumerate(train):
-        if task == "mqar" and 4 * size[1] > seq_len + 1:
-            raise ValueError(f"train[{i}]: {size[1]} pairs need {4 * size[1]} tokens > seq_len")
-    for task, seq_len, _ in train + evaluate:
-        if seq_len > model.max_seq_len:
-            raise ValueError(f"{task}: seq_len {seq_len} > the model's max_seq_len")
-
-
-def label(task: str, seq_len: int, size) -> str:
-    return str(seq_len) if size is None else f"{size}@{seq_len}"
-
-
-def train(model, cfg, lr: float, train_settings, g, pick: random.Random, desc: str) -> float:
-    """cfg.steps AdamW steps cycling through the settings; returns the mean loss of the last
-    10% of steps."""
-    optimizer = torch.optim.AdamW(param_groups(model, lr, cfg.weight_decay, cfg.ssm_lr_cap))
-    scheduler = warmup_cosine(optimizer, cfg.warmup_steps, cfg.steps, lr / 10)
-    losses, tokens, t0 = [], 0, time.perf_counter()
-    bar = tqdm(range(cfg.steps), desc=desc)
-    for step in bar:
-        task, seq_len, size = train_settings[step % len(train_settings)]
-        n = pick.randint(*size) if size else 0
-        batch = recall.make_batch(task, cfg.batch_size, seq_len, n, g, cfg.vocab_size)
-        loss = recall.answer_loss(model, batch, cfg.device)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-        tokens += batch.inputs.numel()
-        tok_s = tokens / (time.perf_counter() - t0)
-        bar.set_postfix(loss=f"{loss.item():.3f}", task=task, tok_s=f"{tok_s:.0f}")
-    tail = losses[-max(1, len(losses) // 10) :]
-    return sum(tail) / len(tail)
-
-
-@torch.no_grad()
-def evaluate(model, cfg, eval_settings, seed: int) -> dict[str, dict[str, float]]:
-    """{task: {label: exact match}} on eval_examples rows per setting, drawn from seed."""
-    model.eval()
-    g = torch.Generator().manual_seed(seed)
-    scores: dict[str, dict[str, float]] = {}
-    for task, seq_len, size in eval_settings:
-        batch = recall.make_batch(task, cfg.eval_examples, seq_len, size or 0, g, cfg.vocab_size)
-        logits = model(batch.inputs.to(cfg.device)).cpu()
-        scores.setdefault(task, {})[label(task, seq_len, size)] = recall.exact_match(logits, batch)
-    model.train()
-    return scores
-
-
-def _mean(scores: dict[str, dict[str, float]]) -> float:
-    return statistics.fmean(v for s in scores.values() for v in s.values())
-
-
-def sweep(cfg, mixer: str, train_settings, eval_settings) -> dict:
-    """Train `mixer` at every lr; keep the best on the validation draw, report its test draw."""
-    runs = {}
-    for lr in cfg.lrs:
-        torch.manual_seed(cfg.seed)
-        model = config.instantiate(cfg.model, mixer=mixer).to(cfg.device)
-        check(cfg, model, train_settings, eval_settings)
-        g = torch.Generator().manual_seed(cfg.seed)
-        loss = train(model, cfg, lr, train_settings, g, random.Random(cfg.seed), f"{mixer} {lr:g}")
-        val = evaluate(model, cfg, eval_settings, cfg.seed + 2)
-        runs[lr] = {"loss": loss, "val": _mean(val), "model": model}
-    best = max(runs, key=lambda lr: (runs[lr]["val"], -runs[lr]["loss"]))
-    return {
-        "lr": best,
-        "final_train_loss": runs[best]["loss"],
-        "sweep": {str(lr): {"val": r["val"], "loss": r["loss"]} for lr, r in runs.items()},
-        "scores": evaluate(runs[best]["model"], cfg, eval_settings, cfg.seed + 1),
-    }
-
-
-def report(cfg, results: dict, eval_settings) -> str:
-    table = (
-        f"Exact-match accuracy on {cfg.eval_examples} test rows per cell (size@seq_len), "
-        f"{cfg.steps} training steps, probe vocabulary {cfg.vocab_size}; each mixer at the "
-        "learning rate with the best mean exact match on a separate validation draw.\n"
-    )
-    for task in dict.fromkeys(t for t, _, _ in eval_settings):
-        cells = list(next(iter(results.values()))["scores"][task])
-        rows = [[m, r["lr"], *(r["scores"][task][c] for c in cells)] for m, r in results.items()]
-        table += f"\n{LABELS[task]}\n\n" + markdown_table(["mixer", "lr", *cells], rows)
-    rates = list(next(iter(results.values()))["sweep"])
-    rows = [
-        [m, *(f"{r['sweep'][lr]['val']:.3f} ({r['sweep'][lr]['loss']:.3f})" for lr in rates)]
-        for m, r in results.items()
-    ]
-    table += (
-        "\nSweep: mean validation exact match (final training loss) by learning rate\n\n"
-        + markdown_table(["mixer", *rates], rows)
-    )
-    return table
-
-
-def plot(cfg, results: dict, eval_settings, out) -> None:
-    panels = {}
-    for task, seq_len, size in eval_settings:
-        x = seq_len if size is None else size
-        for mixer, r in results.items():
-            xs, ys = panels.setdefault(LABELS[task], {}).setdefault(
-                f"{mixer} (lr {r['lr']:g})", ([], [])
-            )
-            xs.append(x)
-            ys.append(r["scores"][task][label(task, seq_len, size)])
-    line_plot(
-        panels,
-        out / "recall.png",
-        title=f"Recall probes ({cfg.steps} steps, vocabulary {cfg.vocab_size})",
-        xlabel={LABELS[t]: X_AXIS[t] for t in recall.TASKS},
-        ylabel="exact match",
-        logx=True,
-    )
+__all__ = ["KEYS", "main"]
 
 
 @config.parse
 def main(cfg: DictConfig) -> None:
-    check_keys(cfg, KEYS)
-    train_settings, eval_settings = settings(cfg)
-    numbers(cfg, "lrs", 0, low_open=True, expected="a list of positive rates")
-    for key in ("batch_size", "steps", "eval_examples"):
-        integer(cfg, key, 1)
-    integer(cfg, "warmup_steps", 0)
-    integer(cfg, "seed", 0)
-    number(cfg, "weight_decay", 0)
-    number(cfg, "ssm_lr_cap", 0, low_open=True)
-    recall.Vocabulary(cfg.vocab_size)  # checks it
+    train_settings, eval_settings = check_config(cfg)
     out = fresh_outputs(cfg.output_dir, RESULTS, cfg.overwrite)
     results = {m: sweep(cfg, m, train_settings, eval_settings) for m in cfg.mixers}
     table = report(cfg, results, eval_settings)

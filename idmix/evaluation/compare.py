@@ -1,0 +1,170 @@
+"""The mixer comparison behind ``recipes/compare_mixers.py`` (its docstring and the README's
+"Comparing mixers" say what it measures): the config's checks, one pretraining run per mixer,
+learning rate and seed (``idmix.training.trainer``; a finished run with the same config is
+reused, an unfinished one resumed), and each finished model's scores and diagnostics. The report
+is ``compare_report.py``."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from torchtune import config
+
+from ..training import checkpoint as ckpt
+from ..training.config_checks import check_keys
+from ..training.pretrain_config import check_training_section
+from ..training.trainer import Trainer
+from .diagnostics import output_rms_by_position, ssm_gradient_stats
+from .extrapolation import perplexity_by_context, token_stream
+
+KEYS = {
+    "output_dir", "overwrite", "device", "seeds", "tokenizer", "dataset", "validation_dataset",
+    "mixers", "reference", "training", "context_multiples", "context_tokens", "eval_batch_size",
+    "diagnostic_rows",
+}  # fmt: skip
+MIXER_KEYS = {"model", "lr", "lrs"}
+# what this recipe sets in each run's pretraining config; `training` holds the rest
+SET_PER_RUN = {
+    "output_dir", "overwrite", "resume_from_checkpoint", "seed", "device", "model", "tokenizer",
+    "dataset", "validation_dataset",
+}  # fmt: skip
+RESULTS = ("compare.md", "compare.json", "compare_curves.png", "compare_context.png")
+SELECTION_TAIL = 0.1  # the last tenth of the training steps picks the learning rate
+
+
+def check_config(cfg: DictConfig) -> None:
+    check_keys(cfg, KEYS)
+    check_training_section(cfg.training, SET_PER_RUN, "config.training")
+    if not cfg.mixers:
+        raise ValueError("config: mixers: expected at least one entry name -> {model, lr}")
+    for name, entry in cfg.mixers.items():
+        check_keys(entry, MIXER_KEYS, f"config.mixers.{name}")
+        if "model" not in entry:
+            raise ValueError(f"config.mixers.{name}: expected a model component")
+        if ("lr" in entry) == ("lrs" in entry) or ("lrs" in entry and not entry.lrs):
+            raise ValueError(f"config.mixers.{name}: expected exactly one of lr or lrs (a list)")
+    if cfg.reference not in cfg.mixers:
+        raise ValueError(f"config: reference {cfg.reference!r} is not one of the mixers")
+    if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
+        raise ValueError(f"config: seeds: expected distinct seeds, got {list(cfg.seeds)}")
+    if cfg.training.get("lr") is not None or "lr" in cfg.training.get("optimizer", {}):
+        raise ValueError("config.training.optimizer.lr: set the rate per mixer (lr or lrs)")
+    if 1 not in cfg.context_multiples:
+        raise ValueError("config: context_multiples must include 1 (the training length)")
+
+
+def _run_config(cfg: DictConfig, name: str, lr: float, seed: int, run_dir: Path) -> DictConfig:
+    run = OmegaConf.merge(
+        cfg.training,
+        {
+            "output_dir": str(run_dir),
+            "overwrite": bool(cfg.overwrite),
+            "resume_from_checkpoint": False,
+            "seed": seed,
+            "device": cfg.device,
+            "model": cfg.mixers[name].model,
+            "tokenizer": cfg.tokenizer,
+            "dataset": cfg.dataset,
+            "validation_dataset": cfg.validation_dataset,
+            "optimizer": {"lr": lr},
+        },
+    )
+    return run
+
+
+def _train(run_cfg: DictConfig, run_dir: Path):
+    """Train one run, or reuse / resume it when run_dir holds the same run (a run with another
+    config is replaced only with overwrite=True). Returns (model, history, tokens per step,
+    number of parameters)."""
+    saved = run_dir / "config.yaml"
+    if saved.is_file():
+        if _comparable(OmegaConf.load(saved)) == _comparable(run_cfg):
+            resume = ckpt.latest_checkpoint(run_dir) is not None
+            run_cfg = OmegaConf.merge(
+                run_cfg, {"resume_from_checkpoint": resume, "overwrite": not resume}
+            )
+        elif not run_cfg.overwrite:
+            raise ValueError(
+                f"config: {str(run_dir)!r} holds a run with another config; pass overwrite=True "
+                "to train it again or choose another output_dir"
+            )
+    trainer = Trainer(run_cfg)
+    try:
+        trainer.setup()
+        if trainer.step < trainer.total_steps:
+            trainer.train()
+        else:
+            print(f"reusing the finished run {run_dir}", flush=True)
+    finally:
+        trainer.cleanup()
+    params = sum(p.numel() for p in trainer.model.parameters())
+    return trainer.model, trainer.history, trainer.tokens_per_step, params
+
+
+def _comparable(run_cfg: DictConfig) -> dict:
+    """A run's config without the keys that say how to start it."""
+    d = OmegaConf.to_container(run_cfg, resolve=True)
+    for key in ("resume_from_checkpoint", "overwrite"):
+        d.pop(key, None)
+    return d
+
+
+def _tail_loss(history: list[dict]) -> float:
+    n = max(1, math.ceil(len(history) * SELECTION_TAIL))
+    return statistics.fmean(h["loss"] for h in history[-n:])
+
+
+def mean_spread(values: list[float]) -> tuple[float, float]:
+    """(mean, half the min-max range): with 2-3 seeds the range says more than a std."""
+    return statistics.fmean(values), (max(values) - min(values)) / 2
+
+
+def _evaluate(model, cfg, stream, lengths) -> dict:
+    model.eval()
+    ppl = perplexity_by_context(
+        model, stream, lengths, cfg.context_tokens, batch_size=cfg.eval_batch_size
+    )
+    longest = max(lengths)
+    rows = stream[: cfg.diagnostic_rows * longest + 1]
+    seq = cfg.training.seq_len
+    bins = [(0, seq)] + [(L // 2, L) for L in lengths if L > seq]
+    rms = output_rms_by_position(model, rows[:-1].view(cfg.diagnostic_rows, longest), bins)
+    grads = ssm_gradient_stats(model, stream[: 2 * (seq + 1)].view(2, seq + 1))
+    model.train()
+    return {
+        "ppl": {str(k): v for k, v in ppl.items()},
+        "rms_bins": bins,
+        "rms": rms,
+        "grads": grads,
+    }
+
+
+def study(cfg: DictConfig, out: Path) -> dict:
+    tokenizer = config.instantiate(cfg.tokenizer)
+    stream = token_stream(config.instantiate(cfg.validation_dataset), tokenizer)
+    lengths = [int(cfg.training.seq_len) * m for m in cfg.context_multiples]
+    results = {}
+    for name, entry in cfg.mixers.items():
+        lrs = list(entry.lrs) if "lrs" in entry else [entry.lr]
+        first, sweep = {}, {}
+        for lr in lrs:  # the sweep, on the first seed
+            run = _train_run(cfg, out, name, lr, cfg.seeds[0])
+            sweep[lr], first[lr] = _tail_loss(run["history"]), run
+        best = min(sweep, key=sweep.get)
+        runs = [first[best]] + [_train_run(cfg, out, name, best, s) for s in cfg.seeds[1:]]
+        for run in runs:
+            run.update(_evaluate(run.pop("model"), cfg, stream, lengths))
+        results[name] = {"lr": best, "sweep": sweep, "runs": runs}
+    return results
+
+
+def _train_run(cfg, out: Path, name: str, lr: float, seed: int) -> dict:
+    run_dir = out / "runs" / name / f"lr{lr:g}" / f"seed{seed}"
+    model, history, tokens_per_step, params = _train(
+        _run_config(cfg, name, lr, seed, run_dir), run_dir
+    )
+    return {"seed": seed, "lr": lr, "history": history, "params": params,
+            "tokens_per_step": tokens_per_step, "model": model}  # fmt: skip
