@@ -25,7 +25,7 @@ CPU_CONTEXT = 2048
 # - dt_min 1e-2: the slowest mode's time constant 1/(|Re A|·Δ_min) is 200 tokens, inside the
 #   training context, as the paper's own setting is (Δ_min = 1e-3: 2,000 tokens at a 4,096
 #   context). With 1e-3 at 256 tokens the slow heads never saturate in training and their
-#   output keeps growing past it (S4D-only: 8×/1× perplexity 1.71 -> 1.04). Both SSM mixers.
+#   output keeps growing past it (docs/science.md has the perplexities). Both SSM mixers.
 # - rope_position "last": RoPE after ξ and the input norm, so query-key scores are relative
 #   (the paper leaves the order open; before SiLU, RoPE is an absolute code that meets
 #   unseen angles past the training length).
