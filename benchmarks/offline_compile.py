@@ -243,10 +243,10 @@ def _judge(f: Facts) -> None:
 
 
 def chunked_case(T, H, R, D, M, L, reset: bool, precision: str, B=1, dtype=torch.bfloat16):
-    """The chunked op's forward and backward on the Triton kernels (chunked._forward_impl and
-    _backward_impl, as the custom op runs them), at one shape, with q, k, v in dtype (bf16: what
-    a bf16 model hands the op)."""
-    from idmix.functional.interdomain import chunked
+    """The chunked op's forward and backward on the Triton kernels (the custom ops
+    ``idmix::chunked_forward`` and ``idmix::chunked_backward``), at one shape, with q, k, v in
+    dtype (bf16: what a bf16 model hands the op)."""
+    from idmix.functional.interdomain import chunked, chunked_op
 
     q, k = torch.empty(B, T, H, R, dtype=dtype), torch.empty(B, T, H, R, dtype=dtype)
     v = torch.empty(B, T, H, D, dtype=dtype)
@@ -257,20 +257,18 @@ def chunked_case(T, H, R, D, M, L, reset: bool, precision: str, B=1, dtype=torch
     starts = torch.zeros(B, T, dtype=torch.bool)
     starts[:, T // 3] = True
     r = starts if reset else None
-    o, Z, seg = chunked._forward_impl(
-        q, k, v, decays[:3], decays[3:], G, Z0, L, r, "triton", precision
-    )
-    chunked._backward_impl(
-        torch.empty_like(o), torch.empty_like(Z), q, k, v, decays[:3], decays[3:], G, seg, L, r,
-        "triton", precision,
+    decays = list(decays)
+    o, Z, seg = chunked_op.chunked_forward(q, k, v, decays, G, Z0, r, L, "triton", precision)
+    chunked_op.chunked_backward(
+        torch.empty_like(o), torch.empty_like(Z), q, k, v, decays, G, seg, r, L, "triton",
+        precision,
     )  # fmt: skip
 
 
 def selective_case(T, H, R, D, M, reset: bool, precision: str, B=1):
     """The selective (per-token decay) path's forward and backward on its kernels."""
-    import idmix_kernels
-
-    from idmix.functional.interdomain.selective import SELECTIVE_CHUNK, selective_chunked
+    from idmix.functional.interdomain.selective import SELECTIVE_CHUNK
+    from idmix.functional.interdomain.selective_op import selective_forward
 
     q, k = (torch.randn(B, T, H, R, requires_grad=True) for _ in range(2))
     v = torch.randn(B, T, H, D, requires_grad=True)
@@ -280,10 +278,9 @@ def selective_case(T, H, R, D, M, reset: bool, precision: str, B=1):
     Z0 = torch.zeros(B, H, R + D, 2 * M)
     starts = torch.zeros(B, T, dtype=torch.bool)
     starts[:, T // 3] = True
-    o, Z = selective_chunked(
-        q, k, v, lam, beta, G, Z0, SELECTIVE_CHUNK, starts if reset else None, idmix_kernels,
-        precision,
-    )  # fmt: skip
+    o, Z, _ = selective_forward(
+        q, k, v, lam, beta, G, Z0, starts if reset else None, SELECTIVE_CHUNK, "triton", precision
+    )
     (o.nan_to_num().sum() + Z.nan_to_num().sum()).backward()
 
 

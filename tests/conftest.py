@@ -42,7 +42,7 @@ def dynamo_only(monkeypatch):
     traced code path (real-form complex arithmetic, padded shears, functional scans) without
     Inductor's compile time; fullgraph, so that a graph break fails. Dynamo's caches start
     empty (the recompile limit counts per function). Yields the names of the pieces traced."""
-    from idmix.functional.interdomain import chunked
+    from idmix.functional.interdomain import backend
 
     torch._dynamo.reset()
     traced = []
@@ -52,5 +52,5 @@ def dynamo_only(monkeypatch):
         traced.append(piece.__name__)
         return torch.compile(piece, **options, fullgraph=True, backend="eager")
 
-    monkeypatch.setattr(chunked, "compiled", trace)
+    monkeypatch.setattr(backend, "compiled", trace)
     yield traced

@@ -321,7 +321,8 @@ def check_intra_passes_alone(device: str) -> None:
     """Each pass on its own equals the PyTorch segment code's intermediates (p and o)."""
     from idmix_kernels import intra_chunk_pass1, intra_chunk_pass2
 
-    from idmix.functional.interdomain import chunked
+    from idmix.functional.interdomain import chunk_torch
+    from idmix.functional.interdomain.chunk_layout import DocMasks
     from idmix.functional.interdomain.decays import chunk_decays
 
     B, H, N, L, R, D, M = 2, 3, 2, 8, 5, 3, 4
@@ -334,13 +335,14 @@ def check_intra_passes_alone(device: str) -> None:
     dec = chunk_decays(lam, beta, L)
     G = torch.randn(H, 2 * M, 2 * M, generator=g).to(device)
     reset = torch.rand(B, N, L, generator=g).to(device) < 0.2
-    for masks in (None, chunked._DocMasks(reset, torch.float32)):
-        _, _, f = chunked._segment_forward(q, zT, dec, G, Z0, masks, keep=True)
-        o_ref, _, _ = chunked._segment_forward(q, zT, dec, G, Z0, masks)
+    ops = chunk_torch.TorchChunkOps
+    for masks in (None, DocMasks(reset, torch.float32)):
+        starts, _ = ops.chunk_states(zT, dec, Z0, masks, "ieee")
+        o_ref, f = chunk_torch._intra(q, zT, starts, dec, G, masks, "ieee")
         r = None if masks is None else reset
-        p1 = intra_chunk_pass1(q, zT, f.starts, dec.start, dec.end, r)
+        p1 = intra_chunk_pass1(q, zT, starts, dec.start, dec.end, r)
         assert_rel(p1, f.p, 1e-5, f"pass 1 (reset={r is not None})")
-        o = intra_chunk_pass2(f.w, zT, f.starts, dec.start, dec.end, R, r)
+        o = intra_chunk_pass2(f.w, zT, starts, dec.start, dec.end, R, r)
         assert_rel(o, o_ref, 1e-5, f"pass 2 (reset={r is not None})")
 
 

@@ -164,7 +164,7 @@ def test_eager_in_place_step_equals_the_functional_step(dtype, decays, query_hea
         readout_gram_real,
         s4d_inv_init,
     )
-    from idmix.functional.interdomain.decode import _torch_step
+    from idmix.functional.interdomain.decode import torch_step
 
     B, H, R, D, M = 2, 3, 4, 5, 6
     g = torch.Generator().manual_seed(0)
@@ -176,7 +176,7 @@ def test_eager_in_place_step_equals_the_functional_step(dtype, decays, query_hea
     q = torch.randn(B, H, *((query_heads,) if query_heads else ()), R, generator=g, dtype=dtype)
     k, v = (torch.randn(B, H, F, generator=g, dtype=dtype) for F in (R, D))
     state = torch.randn(B, H, R + D, 2 * M, generator=g, dtype=dtype)
-    o_ref, new_ref = _torch_step(q, k, v, lam, beta, G, state.clone())
+    o_ref, new_ref = torch_step(q, k, v, lam, beta, G, state.clone())
     with torch.no_grad():
         o = interdomain_decode_step_real(q, k, v, lam, beta, G, state)
     tol = 1e-12 if dtype == torch.float64 else 1e-5

@@ -14,10 +14,12 @@ from typing import NamedTuple
 import torch
 
 from ..powers import complex_powers
+from .decay_values import Decays
+from .realform import as_complex, as_interleaved
 from .validation import State
 
 
-class Decays(NamedTuple):
+class DecayFactors(NamedTuple):
     """Decay factors with a leading batch dim Bd (1 for shared decays, B for per-token ones)."""
 
     pair: torch.Tensor  # (Bd, H, T, T, M): β_s Λ(s, t] for s ≤ t, else 0
@@ -26,7 +28,7 @@ class Decays(NamedTuple):
     total: torch.Tensor  # (Bd, H, M): Λ(-1, T-1]
 
 
-def decay_factors(lam: torch.Tensor, beta: torch.Tensor, T: int) -> Decays:
+def decay_factors(lam: torch.Tensor, beta: torch.Tensor, T: int) -> DecayFactors:
     """lam, beta: (H, M) (shared: powers λⁿ) or (B, T, H, M) (per token: exp of differences of
     cumulative log λ, in the given complex dtype)."""
     idx = torch.arange(T, device=lam.device)
@@ -44,7 +46,8 @@ def decay_factors(lam: torch.Tensor, beta: torch.Tensor, T: int) -> Decays:
         pair = pair * b[:, :, None, :, :]
         from_start, total = torch.exp(cum), torch.exp(cum[:, :, -1])
         to_end = b * torch.exp(cum[:, :, -1:] - cum)
-    return Decays(torch.where(causal, pair, torch.zeros_like(pair)), from_start, to_end, total)
+    pair = torch.where(causal, pair, torch.zeros_like(pair))
+    return DecayFactors(pair, from_start, to_end, total)
 
 
 def interdomain_attention_closed_form(
@@ -98,3 +101,39 @@ def interdomain_attention_closed_form(
         lam_T = dec.total[..., None] * (doc[:, -1] == 0)[:, None, None, None]
         Xk, Xv = Xk + lam_T * X0k, Xv + lam_T * X0v
     return o.to(q.dtype), (Xk, Xv)
+
+
+def interdomain_attention_closed_form_real(q, k, v, decays: Decays, G_hat, Z0, reset=None):
+    """The closed form on the real-form contract (the op's impl "closed_form"): with P̂(t, s)
+    the interleaved β_s Λ(s, t] and X̂0(t) = Λ(-1, t] ⊙ X0 (rows R key, D value channels),
+      b_t = Ĝ (Σ_s (q_t · k_s) P̂(t, s) + X̂0ᵏ(t)ᵀ q_t),
+      o_t = Σ_s (P̂(t, s) · b_t) v_s + X̂0ᵛ(t) b_t,
+    pairs across a document start cut, X0 reaching only the first document. decays:
+    SharedDecays or TokenDecays; G_hat (H, 2M, 2M); Z0 (B, H, R+D, 2M) in the compute dtype.
+    Returns (o (B, T, H, D) in q's dtype, final state like Z0)."""
+    B, T, H, R = q.shape
+    rdtype = Z0.dtype
+    lam, beta = (torch.view_as_complex(x.to(rdtype).contiguous()) for x in decays)
+    dec = decay_factors(lam, beta, T)
+    P = torch.view_as_real(dec.pair).flatten(-2)  # (Bd, H, T, T, 2M)
+    qc, kc, vc = q.to(rdtype), k.to(rdtype), v.to(rdtype)
+    doc = torch.zeros(B, T, dtype=torch.long, device=q.device)
+    if reset is not None:
+        doc = reset.long().cumsum(1)  # document index of every position
+    same = (doc[:, :, None] == doc[:, None, :])[:, None].to(rdtype)  # (B, 1, T, T)
+    first = (doc == 0)[:, None, :, None, None].to(rdtype)  # (B, 1, T, 1, 1)
+    X0 = as_complex(Z0)  # (B, H, R+D, M)
+    from_X0 = first * as_interleaved(dec.from_start[:, :, :, None, :] * X0[:, :, None])
+    scores = torch.einsum("bthr,bshr->bhts", qc, kc) * same  # (B, H, T, T)
+    a = torch.einsum("bhts,bhtsj->bhtj", scores, P.expand(B, -1, -1, -1, -1))
+    a = a + torch.einsum("bhtrj,bthr->bhtj", from_X0[:, :, :, :R], qc)
+    b = torch.einsum("hij,bhtj->bhti", G_hat.to(rdtype), a)
+    K = torch.einsum("bhtsj,bhtj->bhts", P.expand(B, -1, -1, -1, -1), b) * same
+    o = torch.einsum("bhts,bshd->bthd", K, vc)
+    o = o + torch.einsum("bhtdj,bhtj->bthd", from_X0[:, :, :, R:], b)
+    # Final state: X_T = Λ(-1, T-1] X0 (first document only) + Σ_s β_s Λ(s, T-1] z_s (last one)
+    last = (doc == doc[:, -1:]).to(rdtype)[..., None, None]  # (B, T, 1, 1)
+    z = (torch.cat([kc, vc], -1) * last).to(dec.to_end.dtype)  # (B, T, H, R+D)
+    X = torch.einsum("bhsm,bshc->bhcm", dec.to_end.expand(B, -1, -1, -1), z)
+    X = X + dec.total[:, :, None, :] * (doc[:, -1] == 0)[:, None, None, None] * X0
+    return o.to(q.dtype), as_interleaved(X)

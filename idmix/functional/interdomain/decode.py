@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from .backend import takes_triton
 from .realform import as_complex, interleaved_to_state, state_to_interleaved
 from .validation import (
     DECODE_COMPLEX_STATE_DTYPES,
     DECODE_STATE_DTYPES,
     State,
-    check_backend,
     check_decays_and_gram,
     check_decode_inputs,
     check_decode_state_dtype,
@@ -34,21 +34,7 @@ def empty_state(B, H, M, R, D, dtype=torch.complex64, device=None) -> State:
 def _takes_kernel(backend: str, q: torch.Tensor, shared_decays: bool) -> bool:
     """Whether a step goes to the fused kernel: asked for explicitly (which then says why it
     cannot, if it cannot), or "auto" with one query per state head and shared decays."""
-    return _use_triton(backend, q) and (backend == "triton" or (q.dim() == 3 and shared_decays))
-
-
-def _use_triton(backend: str, q: torch.Tensor) -> bool:
-    """ "triton": always; "auto": for CUDA tensors when the kernels are installed."""
-    check_backend(backend, q)
-    if backend != "auto":
-        return backend == "triton"
-    if not q.is_cuda:
-        return False
-    try:
-        import idmix_kernels  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return takes_triton(backend, q) and (backend == "triton" or (q.dim() == 3 and shared_decays))
 
 
 def interdomain_decode_step(
@@ -98,7 +84,7 @@ def interdomain_decode_step(
     if _takes_kernel(backend, q, lam.dim() == 2):
         o = interdomain_decode_step_real(q, k, v, lam_ri, beta_ri, G_hat, Z, backend="triton")
     else:  # functional, so that gradients flow through a sequence of steps
-        o, Z = _torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z)
+        o, Z = torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z)
     Xk, Xv = interleaved_to_state(Z, R)
     if inplace:
         state[0].copy_(Xk)
@@ -161,7 +147,7 @@ def interdomain_decode_step_real(
         return idmix_kernels.decode_step_triton(q, k, v, lam_ri, beta_ri, G_hat, state).to(q.dtype)
     if _eager_without_grad(q, k, v, lam_ri, beta_ri, G_hat, state):
         return _eager_step_(q, k, v, lam_ri, beta_ri, G_hat, state)
-    o, new = _torch_step(q, k, v, lam_ri, beta_ri, G_hat, state)
+    o, new = torch_step(q, k, v, lam_ri, beta_ri, G_hat, state)
     state.copy_(new)
     return o
 
@@ -177,7 +163,7 @@ def _eager_step_(q, k, v, lam_ri, beta_ri, G_hat, Z):
     """The torch step in place on Z, for eager decoding: the state update as two complex ops on
     a view of Z (the real form's strided re/im arithmetic is ~10 small ops, several times
     slower in eager; compiled, Inductor fuses that form into one loop, so it stays there).
-    Equal to :func:`_torch_step` (tested). Returns o."""
+    Equal to :func:`torch_step` (tested). Returns o."""
     rdtype = Z.dtype
     R = k.shape[-1]
     X = as_complex(Z)  # (B, H, C, M), shares Z's memory
@@ -206,7 +192,7 @@ def _read(q, G_hat, Z, R: int) -> torch.Tensor:
     return o.view(B, H, r, -1) if q.dim() == 4 else o.view(B, H, -1)
 
 
-def _torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z):
+def torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z):
     """Functional step on Z: (B, H, R+D, 2M) interleaved real. Returns (o, new Z)."""
     with torch.autocast(q.device.type, enabled=False):
         rdtype = Z.dtype

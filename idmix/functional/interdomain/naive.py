@@ -1,9 +1,12 @@
-"""Reference: the per-step complex recurrence (docs/design.md §1), written out literally."""
+"""References: the per-step complex recurrence (docs/design.md §1), written out literally,
+in the paper's complex form (C, readout) and on the real-form contract (Ĝ, interleaved state)."""
 
 from __future__ import annotations
 
 import torch
 
+from .decay_values import Decays
+from .realform import as_complex, as_interleaved
 from .validation import State
 
 
@@ -49,3 +52,29 @@ def interdomain_attention_naive(
         Gt = Gam.conj().mT if readout == "conj" else Gam.mT
         outs.append((Gt @ a).squeeze(-1).real)
     return torch.stack(outs, dim=1).to(q.dtype), (Xk, Xv)
+
+
+def interdomain_attention_naive_real(q, k, v, decays: Decays, G_hat, Z0, reset=None):
+    """The same recurrence on the real-form contract, step by step (the op's impl "naive").
+
+    q, k: (B, T, H, R); v: (B, T, H, D); decays: SharedDecays or TokenDecays; G_hat
+    (H, 2M, 2M); Z0 (B, H, R+D, 2M) interleaved, in the compute dtype. With the state seen as
+    complex X (B, H, R+D, M) and z_t = [k_t; v_t]: X ← λ_t ⊙ X + z_t ⊗ β_t, p̂ = X̂ᵏᵀ q_t,
+    o_t = X̂ᵛ Ĝ p̂. Returns (o (B, T, H, D) in q's dtype, final state like Z0).
+    """
+    rdtype, R = Z0.dtype, q.shape[-1]
+    G = G_hat.to(rdtype)
+    X = as_complex(Z0)  # (B, H, R+D, M)
+    outs = []
+    for t in range(q.shape[1]):
+        if reset is not None:  # a select: a NaN in an earlier document never crosses
+            X = torch.where(reset[:, t, None, None, None], 0, X)
+        lam, beta = (torch.view_as_complex(x.to(rdtype).contiguous()) for x in decays.at(t))
+        lam, beta = lam[..., None, :], beta[..., None, :]  # (.., H, 1, M)
+        z = torch.cat([k[:, t], v[:, t]], dim=-1).to(rdtype)[..., None]  # (B, H, R+D, 1)
+        X = lam * X + beta * z
+        Z = as_interleaved(X)
+        p = torch.einsum("bhrj,bhr->bhj", Z[:, :, :R], q[:, t].to(rdtype))
+        w = torch.einsum("hij,bhj->bhi", G, p)
+        outs.append(torch.einsum("bhdi,bhi->bhd", Z[:, :, R:], w))
+    return torch.stack(outs, dim=1).to(q.dtype), as_interleaved(X)

@@ -1,0 +1,240 @@
+"""The op's entry points: one real-form entry, ``interdomain_attention_real``, with one signature
+for every implementation (``IMPLEMENTATIONS``), and the complex API as a thin wrapper over it.
+The dtype policy (fp32, fp64 for fp64 inputs; no autocast) and the containment of non-finite
+inputs (``nonfinite``) are applied here, once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from ..readout import readout_gram
+from .chunked import chunk_decay_inputs
+from .chunked_op import chunked_forward
+from .closed_form import interdomain_attention_closed_form_real
+from .decay_values import Decays, TokenDecays, decays_of
+from .naive import interdomain_attention_naive_real
+from .nonfinite import poison_output, poison_state, sanitise
+from .precision import resolve_precision
+from .realform import interleaved_to_state, state_to_interleaved
+from .recurrent import interdomain_attention_recurrent
+from .selective import SELECTIVE_CHUNK
+from .selective_op import selective_forward
+from .validation import (
+    State,
+    check_backend,
+    check_chunk_size,
+    check_devices,
+    check_inputs,
+    check_qkv,
+    check_real_params,
+    check_real_state,
+    check_reset,
+    check_transforms,
+    warn_if_unstable,
+)
+
+
+class Options(NamedTuple):
+    """chunk_size: chunk length L (a power of two); backend: as validation.BACKENDS; precision:
+    resolved ("ieee", "tf32", "bf16")."""
+
+    chunk_size: int
+    backend: str
+    precision: str
+
+
+def _chunked(q, k, v, decays: Decays, G_hat, Z0, reset, opt: Options):
+    """Shared decays: ``idmix::chunked_forward``, q, k, v as they are (its chunk copies cast
+    them; the kernels read bf16 and fp16 themselves). Per-token decays:
+    ``idmix::selective_forward`` in the compute dtype, chunks of at most SELECTIVE_CHUNK."""
+    rdtype = Z0.dtype
+    lam_ri, beta_ri = (x.to(rdtype) for x in decays)
+    if isinstance(decays, TokenDecays):
+        L = min(opt.chunk_size, SELECTIVE_CHUNK)
+        o, Z, _ = selective_forward(
+            q.to(rdtype), k.to(rdtype), v.to(rdtype), lam_ri, beta_ri, G_hat, Z0, reset, L,
+            opt.backend, opt.precision,
+        )  # fmt: skip
+        return o.to(q.dtype), Z
+    dec = list(chunk_decay_inputs(lam_ri, beta_ri, q.shape[1], opt.chunk_size))
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    o, Z, _ = chunked_forward(
+        q, k, v, dec, G_hat, Z0, reset, opt.chunk_size, opt.backend, opt.precision
+    )
+    return o, Z
+
+
+def _without_options(fn):
+    return lambda q, k, v, decays, G_hat, Z0, reset, opt: fn(q, k, v, decays, G_hat, Z0, reset)
+
+
+class Implementation(NamedTuple):
+    """run(q, k, v, decays, G_hat, Z0, reset, options) -> (o in q's dtype, final state);
+    literal: it runs on the inputs as given (a per-step recurrence confines a NaN/inf by
+    itself); otherwise it sees sanitised inputs and the damage is put back (``nonfinite``)."""
+
+    run: Callable
+    literal: bool
+
+
+IMPLEMENTATIONS = {
+    "chunked": Implementation(_chunked, literal=False),
+    "naive": Implementation(_without_options(interdomain_attention_naive_real), literal=True),
+    "closed_form": Implementation(
+        _without_options(interdomain_attention_closed_form_real), literal=False
+    ),
+    "recurrent": Implementation(_without_options(interdomain_attention_recurrent), literal=False),
+}
+IMPLS = tuple(IMPLEMENTATIONS)
+
+
+def compute_dtypes(q: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """(real, complex) dtypes the op computes in: fp64 for fp64 inputs, else fp32."""
+    if q.dtype == torch.float64:
+        return torch.float64, torch.complex128
+    return torch.float32, torch.complex64
+
+
+def _check_impl(impl, precision) -> None:
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    if impl != "chunked" and precision not in ("auto", "ieee"):
+        raise ValueError(f"precision: {precision!r} applies to impl='chunked' only, got {impl!r}")
+
+
+def _run(q, k, v, decays: Decays, G_hat, initial_state, reset, impl: str, opt: Options):
+    """Checked real-form inputs -> (o (B, T, H, D) in q's dtype, final state (B, H, R+D, 2M))
+    in the compute dtype, whatever the ambient autocast: states and accumulators of a long
+    recurrence do not survive bf16."""
+    entry = IMPLEMENTATIONS[impl]
+    rdtype, _ = compute_dtypes(q)
+    poison = None
+    with torch.autocast(q.device.type, enabled=False):
+        if not entry.literal:
+            q, k, v, initial_state, poison = sanitise(q, k, v, reset, initial_state)
+        B, _, H, R = q.shape
+        Z0 = (
+            q.new_zeros(B, H, R + v.shape[-1], 2 * decays.lam_ri.shape[-2], dtype=rdtype)
+            if initial_state is None
+            else initial_state.to(rdtype)
+        )
+        o, Z = entry.run(q, k, v, decays, G_hat.to(rdtype), Z0, reset, opt)
+    return poison_output(o, poison), poison_state(Z, poison)
+
+
+def interdomain_attention_real(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam_ri: torch.Tensor,
+    beta_ri: torch.Tensor,
+    G_hat: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    *,
+    chunk_size: int = 64,
+    impl: str = "chunked",
+    reset: torch.Tensor | None = None,
+    backend: str = "auto",
+    precision: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op on real-form parameters and state, with no complex tensor on the chunked path: the
+    entry point the layers use, so that Inductor (which has no complex codegen) compiles them.
+
+    q, k: (B, T, H, R); v: (B, T, H, D); lam_ri, beta_ri: (H, M, 2) [re, im] shared per head
+    (``discretize_real``), or per token (B, T, H, M, 2) (selective decays: ``selective.py``);
+    G_hat: (H, 2M, 2M) interleaved (``readout_gram_real``); initial_state: (B, H, R+D, 2M)
+    interleaved real state (rows: the R key then the D value channels; columns: re₀, im₀, re₁,
+    …), zeros if None; impl, chunk_size, reset, backend and precision as in
+    ``interdomain_attention``.
+    Returns (o: (B, T, H, D) in q's dtype, final state: (B, H, R+D, 2M) fp32 (fp64)).
+    """
+    B, T, H, R, D = check_qkv(q, k, v)
+    M = check_real_params(lam_ri, beta_ri, G_hat, H, lead=(B, T))
+    if initial_state is not None:
+        check_real_state(initial_state, "initial_state", (B, H, R + D, 2 * M))
+    check_chunk_size(chunk_size)
+    check_reset(reset, B, T)
+    check_backend(backend, q)
+    _check_impl(impl, precision)
+    precision = resolve_precision(precision, q)
+    check_devices(
+        "q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, initial_state=initial_state,
+        reset=reset,
+    )  # fmt: skip
+    if impl == "chunked":
+        check_transforms(
+            "interdomain_attention_real", "this op (the chunked path, impl='chunked')",
+            "use impl='naive' (or 'closed_form', 'recurrent': plain PyTorch, every transform "
+            "runs)", q, k, v, lam_ri, beta_ri, G_hat, initial_state,
+        )  # fmt: skip
+    warn_if_unstable("lam_ri", torch.linalg.vector_norm(lam_ri.detach(), dim=-1))
+    decays = decays_of(lam_ri, beta_ri)
+    opt = Options(chunk_size, backend, precision)
+    return _run(q, k, v, decays, G_hat, initial_state, reset, impl, opt)
+
+
+def interdomain_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    beta: torch.Tensor,
+    C: torch.Tensor,
+    *,
+    readout: str = "conj",
+    initial_state: State | None = None,
+    return_final_state: bool = False,
+    chunk_size: int = 64,
+    impl: str = "chunked",
+    reset: torch.Tensor | None = None,
+    backend: str = "auto",
+    precision: str = "auto",
+):
+    """Interdomain Attention core (docs/design.md §1 steps 6–7) over a whole sequence.
+
+    q, k: (B, T, H, R) real (q = ξ(q), k = k̃, the SSM key input); v: (B, T, H, D) real (ṽ);
+    lam, beta: (H, M) complex (discretised S4D), or per token (B, T, H, M) (selective decays,
+    every impl); C: (H, M, M) complex readout;
+    initial_state: (Xk: (B, H, M, R), Xv: (B, H, M, D)) complex, zeros if None.
+    Per position: X_t = λ⊙X_{t-1} + β⊗z_t, U = C Xᵏ, Γ = C Xᵛ, a = U q_t and
+    o_t = Re(Γᴴ a) (readout="conj") or Re(Γᵀ a) (readout="product").
+    Returns o: (B, T, H, D) in q's dtype, or (o, final_state) if return_final_state.
+    Computes in fp32 (fp64 for fp64 inputs); the state is complex64 (complex128).
+
+    A thin wrapper of ``interdomain_attention_real``: C becomes Ĝ (``readout_gram``), λ, β and
+    the state their interleaved real forms.
+    impl: "chunked" (O(T), default), "naive" (per-step reference), "closed_form" (O(T²)
+    oracle, small T) or "recurrent" (T applications of the decode step); the paper's literal
+    complex form is ``interdomain_attention_naive``.
+    chunk_size: chunk length L of the chunked path (a power of two).
+    reset: (B, T) bool or None. True where a new sequence starts: the state (the initial state
+    included) is zeroed before that position, so packed sequences run as if separate; the final
+    state is that of each row's last sequence.
+    precision (impl "chunked"): of its matrix products, "ieee" (fp32), "tf32" or "bf16"
+    (operands rounded, fp32 accumulation: the GPU's tensor cores; emulated on CPU), or "auto":
+    ``precision.GPU_DEFAULT`` on CUDA, "ieee" elsewhere (docs/precision.md: the errors of each).
+    """
+    check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size)
+    check_reset(reset, *q.shape[:2])
+    check_devices("q", q, reset=reset)
+    check_backend(backend, q)
+    _check_impl(impl, precision)
+    precision = resolve_precision(precision, q)
+    if impl == "chunked":
+        check_transforms(
+            "interdomain_attention", "impl='chunked'",
+            "use impl='naive' (or 'closed_form', 'recurrent': plain PyTorch, every transform runs)",
+            q, k, v, lam, beta, C, initial_state,
+        )  # fmt: skip
+    _, cdtype = compute_dtypes(q)
+    decays = decays_of(*(torch.view_as_real(x.to(cdtype)) for x in (lam, beta)))
+    Z0 = None
+    if initial_state is not None:
+        Z0 = state_to_interleaved(*(s.to(cdtype) for s in initial_state))
+    G_hat = readout_gram(C.to(cdtype), readout)
+    opt = Options(chunk_size, backend, precision)
+    o, Z = _run(q, k, v, decays, G_hat, Z0, reset, impl, opt)
+    return (o, interleaved_to_state(Z, q.shape[-1])) if return_final_state else o

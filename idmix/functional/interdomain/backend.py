@@ -1,0 +1,90 @@
+"""``backend=`` resolved once per call into the object that supplies the segment primitives.
+
+"torch": PyTorch, eager; "inductor": the same PyTorch pieces compiled by torch.compile (their
+glue fused around the GEMMs); "triton": the kernels of ``idmix_kernels`` (CUDA, or on CPU the
+Triton interpreter); "auto": triton for CUDA tensors where it is installed, else torch. This is
+the only place the Triton-vs-torch decision is made (the decode step asks ``takes_triton``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import NamedTuple
+
+import torch
+
+from .chunk_torch import TorchChunkOps
+from .chunk_triton import TritonChunkOps
+from .compiled import compiled, have_cxx
+from .selective_torch import SelectiveTorchOps
+from .selective_triton import SelectiveTritonOps
+from .validation import check_backend
+
+
+class Backend(NamedTuple):
+    """name: "torch", "inductor" or "triton"; chunk: the shared-decay primitives
+    (``chunk_torch``'s interface); selective: the per-token ones (``selective_torch``'s);
+    compile_pieces: whether the shared pieces run compiled by Inductor."""
+
+    name: str
+    chunk: object
+    selective: object
+    compile_pieces: bool
+
+    def run(self, piece):
+        """The piece function as this backend runs it: compiled once per process and input
+        shape for "inductor" (static shapes: a run at one length meets at most three, a full
+        segment, a shorter last one and the ragged tail; not fullgraph, so that past Dynamo's
+        recompile limit it runs eagerly with torch's warning instead of failing), else as is
+        with the backend's primitives."""
+        if self.compile_pieces:
+            return compiled(piece, dynamic=False)
+        return functools.partial(piece, ops=self.chunk)
+
+
+@functools.cache
+def _kernels():
+    """The idmix_kernels module, or None where it (or triton) is not installed."""
+    try:
+        return importlib.import_module("idmix_kernels")
+    except ImportError:
+        return None
+
+
+def _wants_triton(backend: str, x: torch.Tensor) -> bool:
+    if backend != "auto":
+        return backend == "triton"
+    return x.is_cuda and _kernels() is not None
+
+
+def takes_triton(backend: str, x: torch.Tensor) -> bool:
+    """ "triton": always (checked: on CPU only under the interpreter); "auto": for CUDA tensors
+    when the kernels are installed."""
+    check_backend(backend, x)
+    return _wants_triton(backend, x)
+
+
+_TORCH = Backend("torch", TorchChunkOps, SelectiveTorchOps, False)
+_INDUCTOR = Backend("inductor", TorchChunkOps, SelectiveTorchOps, True)
+
+
+def resolve_backend(backend: str, x: torch.Tensor) -> Backend:
+    """The Backend for inputs like x (the entry points have checked the name). The kernels
+    compute in fp32: fp64 inputs take torch ("triton" refuses them)."""
+    if backend == "inductor":
+        if not x.is_cuda and not have_cxx():
+            raise RuntimeError("backend: 'inductor' on CPU needs a C++ compiler (g++ or clang++)")
+        return _INDUCTOR
+    if not _wants_triton(backend, x):
+        return _TORCH
+    if x.dtype == torch.float64:
+        if backend == "triton":
+            raise ValueError(
+                "backend='triton': the kernels compute in fp32; fp64 inputs take 'torch'"
+            )
+        return _TORCH
+    kernels = _kernels()
+    if kernels is None:
+        importlib.import_module("idmix_kernels")  # raises the ImportError that says why
+    return Backend("triton", TritonChunkOps(kernels), SelectiveTritonOps(kernels), False)
