@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from idmix.functional import interdomain_attention
+from idmix.functional import interdomain_attention, interdomain_attention_naive
 from tests.helpers import TOL_FP32, TOL_FP64, assert_rel, make_problem
 
 GRAD_INPUTS = ("q", "k", "v", "lam", "beta", "C", "Xk0", "Xv0")
@@ -18,6 +18,11 @@ def run(p, impl, readout, chunk_size=16, grads=True, seed=1, reset=None, backend
         n: p[n].detach().clone().requires_grad_(grads) for n in ("q", "k", "v", "lam", "beta", "C")
     }
     Xk0, Xv0 = (s.detach().clone().requires_grad_(grads) for s in p["initial_state"])
+    if impl == "paper":  # the paper's literal complex form, C and the readout as they are
+        o, (Xk, Xv) = interdomain_attention_naive(
+            *leaves.values(), readout, initial_state=(Xk0, Xv0), reset=reset
+        )
+        return _with_grads(o, Xk, Xv, [*leaves.values(), Xk0, Xv0], grads, seed)
     o, (Xk, Xv) = interdomain_attention(
         leaves["q"],
         leaves["k"],
@@ -33,6 +38,10 @@ def run(p, impl, readout, chunk_size=16, grads=True, seed=1, reset=None, backend
         reset=reset,
         backend=backend,
     )
+    return _with_grads(o, Xk, Xv, [*leaves.values(), Xk0, Xv0], grads, seed)
+
+
+def _with_grads(o, Xk, Xv, ins, grads, seed):
     if not grads:
         return o, (Xk, Xv), None
     g = torch.Generator().manual_seed(seed)  # weights drawn by shape, independent of layout
@@ -40,7 +49,6 @@ def run(p, impl, readout, chunk_size=16, grads=True, seed=1, reset=None, backend
     wk = torch.randn(Xk.shape, generator=g, dtype=torch.complex128).to(Xk.dtype)
     wv = torch.randn(Xv.shape, generator=g, dtype=torch.complex128).to(Xv.dtype)
     loss = (o * wo).sum() + (Xk * wk).real.sum() + (Xv * wv).imag.sum()
-    ins = [*leaves.values(), Xk0, Xv0]
     return o, (Xk, Xv), dict(zip(GRAD_INPUTS, torch.autograd.grad(loss, ins), strict=True))
 
 
@@ -62,6 +70,25 @@ def test_float64_all_impls_agree(T, readout):
     ref = run(p, "naive", readout)
     for impl in ("chunked", "closed_form", "recurrent"):
         compare(run(p, impl, readout), ref, TOL_FP64, f"{impl} T={T} {readout}")
+
+
+@pytest.mark.parametrize("readout", ["conj", "product"])
+@pytest.mark.parametrize("decays", ["shared", "per_token"])
+def test_every_impl_equals_the_papers_complex_form(decays, readout):
+    """The bottom rung: every impl of the real-form contract (naive and closed_form included,
+    which compute through Ĝ) against the paper's equations with C (U = C Xᵏ, Γ = C Xᵛ), with
+    document starts, outputs, states and every gradient, fp64."""
+    B, T = 2, 45
+    p = make_problem(B=B, T=T, H=2, R=3, D=4, M=5)
+    if decays == "per_token":  # a different λ_t, β_t at every position
+        g = torch.Generator().manual_seed(7)
+        scale = 1 - 0.3 * torch.rand(B, T, 2, 5, generator=g, dtype=torch.float64)
+        p["lam"], p["beta"] = p["lam"] * scale, p["beta"] * scale.flip(1)
+    reset = random_resets(B, T, seed=5, p=0.1)
+    ref = run(p, "paper", readout, reset=reset)
+    for impl in ("naive", "closed_form", "recurrent", "chunked"):
+        got = run(p, impl, readout, chunk_size=8, reset=reset)
+        compare(got, ref, TOL_FP64, f"{impl} vs the paper's form ({decays}, {readout})")
 
 
 @pytest.mark.parametrize("readout", ["conj", "product"])
@@ -193,3 +220,29 @@ def test_inductor_backend_matches_reference(T, compiler, request):
     ref = run(p, "naive", "conj", reset=reset)
     got = run(p, "chunked", "conj", chunk_size=8, reset=reset, backend="inductor")
     compare(got, ref, TOL_FP64, f"inductor ({compiler})")
+
+
+@pytest.mark.parametrize("decays", ["shared", "per_token"])
+def test_the_real_form_entry_runs_every_impl(decays):
+    """interdomain_attention_real takes impl= like the complex API: the same table, the same
+    numbers (fp64), and an unknown name is refused by name."""
+    from idmix.functional import interdomain_attention_real, readout_gram
+    from idmix.functional.interdomain import state_to_interleaved
+
+    B, T, H, R, D, M = 2, 29, 2, 3, 4, 5
+    p = make_problem(B=B, T=T, H=H, R=R, D=D, M=M)
+    lam, beta = p["lam"], p["beta"]
+    if decays == "per_token":
+        lam, beta = lam.expand(B, T, H, M) * 0.9, beta.expand(B, T, H, M)
+    args = (
+        p["q"], p["k"], p["v"], torch.view_as_real(lam), torch.view_as_real(beta),
+        readout_gram(p["C"]), state_to_interleaved(*p["initial_state"]),
+    )  # fmt: skip
+    reset = random_resets(B, T, seed=2)
+    o_ref, Z_ref = interdomain_attention_real(*args, impl="naive", reset=reset)
+    for impl in ("chunked", "closed_form", "recurrent"):
+        o, Z = interdomain_attention_real(*args, impl=impl, reset=reset, chunk_size=8)
+        assert_rel(o, o_ref, TOL_FP64, f"{impl} output")
+        assert_rel(Z, Z_ref, TOL_FP64, f"{impl} state")
+    with pytest.raises(ValueError, match="impl: expected one of"):
+        interdomain_attention_real(*args, impl="fast")
