@@ -1,4 +1,5 @@
-"""Triton kernels for idmix, registered as torch custom ops (``torch.ops.idmix.*``).
+"""Triton kernels for idmix, launched only from inside its torch custom ops
+(``idmix::chunked_*``, ``idmix::selective_*``, and ``idmix::decode_step_``, registered here).
 
 Installed as ``idmix_kernels``; ``idmix.functional`` imports it only when a Triton backend is
 used. Importing it needs triton. On CPU the kernels run only under the Triton interpreter:

@@ -1,5 +1,5 @@
 """The two intra-chunk passes of the chunked algorithm (docs/design.md §4) as Triton kernels, one
-program per (batch, head, chunk), for the forward of one segment (chunked.py's layouts).
+program per (batch, head, chunk), for the forward of one segment (chunk_layout.py's layouts).
 
 pass 1:  p_t = λ^{t+1} ⊙ (Xᵏ_start q_t) + Σ_{s≤t} (q_t · k_s) β λ^{t-s}
          (then w̃ = Ĝ p, one batched GEMM outside the kernels)
