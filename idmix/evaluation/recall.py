@@ -187,7 +187,7 @@ def answer_loss(model, batch: Batch, device: str | torch.device = "cpu") -> torc
     """Mean cross-entropy over the scored positions of ``batch``, equal to the loss over full
     logits (ignored positions excluded) but with the output layer applied to the scored rows
     only: MQAR scores ~6% of its positions and a vocabulary-wide output layer on every
-    position is most of a small model's training step (2.4-3.6x faster at 8,192 tokens).
+    position is most of a small model's training step.
     ``model``: a torchtune ``TransformerDecoder`` (``tok_embeddings``, ``layers``, ``unembed``)."""
     h = model.tok_embeddings(batch.inputs.to(device))
     for layer in model.layers:

@@ -12,9 +12,9 @@ real vectors, over modes kept innermost.
 
 Each function is elementwise-then-reduce over an (L, L, M) product. Eager PyTorch would
 materialise it; on CPU the functions run through Inductor (``torch.compile``), which fuses the
-exp, the products and the reduction into one loop nest and never stores a pair tensor (about
-6× less time per pass at L = 16, M = 64; the first call per function and dtype compiles, a few
-seconds, with dynamic shapes so new lengths do not recompile). Inside a region already being
+exp, the products and the reduction into one loop nest and never stores a pair tensor (the
+first call per function and dtype compiles, with dynamic shapes so new lengths do not
+recompile; ``benchmarks/bench_selective_cpu.py`` measures the path). Inside a region already being
 compiled, and where no
 C++ compiler is found, the plain functions run (same code, same numbers up to rounding).
 Shapes: (.., L, M) per position and mode, (.., L, L) per pair; `doc` (.., L) document index
