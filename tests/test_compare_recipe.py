@@ -49,7 +49,7 @@ def test_compare_writes_table_json_and_plots_then_reuses_runs(tmp_path):
     study = tmp_path / "study"
     md = (study / "compare.md").read_text()
     assert "| interdomain |" in md and "| softmax |" in md and " ± " in md
-    assert "Learning-rate sweep" in md and "Mixer output RMS" in md and "ssm.C_re" in md
+    assert "Learning-rate sweep" in md and "Mixer output RMS" in md and "core.C_re" in md
     data = json.loads((study / "compare.json").read_text())
     inter = data["results"]["interdomain"]
     assert len(inter["sweep"]) == 2

@@ -56,9 +56,9 @@ def test_ssm_group_is_capped_and_undecayed():
     names = {id(p): n for n, p in model.named_parameters()}
     ssm_names = {names[id(p)] for p in ssm["params"]}
     assert ssm["lr"] == 1e-3 and ssm["weight_decay"] == 0.0
-    assert any(n.endswith("ssm.C_re") for n in ssm_names)
-    assert any("norm_a" in n for n in ssm_names) and any(
-        n.endswith("ssm.log_dt") for n in ssm_names
+    assert any(n.endswith("core.C_re") for n in ssm_names)
+    assert any("key_norm" in n for n in ssm_names) and any(
+        n.endswith("core.log_dt") for n in ssm_names
     )
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
 

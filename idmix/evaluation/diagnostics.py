@@ -71,7 +71,7 @@ def ssm_gradient_stats(model, tokens: torch.Tensor) -> dict[str, dict[str, float
     F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten()).backward()
     groups: dict[str, list[tuple[float, float]]] = {}
     for name, p in named.items():
-        key = name.split(".attn.", 1)[-1]  # e.g. "ssm.C_re", "norm_a.bias"
+        key = name.split(".attn.", 1)[-1]  # e.g. "core.C_re", "key_norm.bias"
         g = torch.zeros_like(p) if p.grad is None else p.grad
         groups.setdefault(key, []).append(
             (p.detach().float().pow(2).mean().sqrt().item(), g.float().pow(2).mean().sqrt().item())
