@@ -58,6 +58,12 @@ class TorchtuneCompatFinder(importlib.abc.MetaPathFinder):
     """Wraps the loader of torchtune.training.quantization (found by the other finders)."""
 
     @classmethod
+    def invalidate_caches(cls) -> None:
+        """Nothing is cached. The class itself sits on sys.meta_path, so
+        ``importlib.invalidate_caches()`` (transformers calls it to load ``trust_remote_code``
+        modules) calls this on the class, where MetaPathFinder's instance method would fail."""
+
+    @classmethod
     def find_spec(cls, name, path=None, target=None):
         if name != TARGET:
             return None

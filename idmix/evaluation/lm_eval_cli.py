@@ -1,0 +1,24 @@
+"""``idmix-lm-eval``: lm-eval's own command line with idmix's model registered, so that
+``--model idmix --model_args checkpoint=runs/x/model_final.pt`` works from the shell (lm-eval
+0.4.13 loads no out-of-tree models: no entry points, and ``--include_path`` is for tasks).
+Every argument is lm-eval's (``idmix-lm-eval --help``). With the ``hf`` extra installed it also
+registers idmix's transformers classes, so ``--model hf --model_args pretrained=<dir>`` loads
+an idmix directory without ``trust_remote_code``."""
+
+from __future__ import annotations
+
+import importlib.util
+
+
+def main() -> None:
+    from lm_eval.__main__ import cli_evaluate
+
+    from . import lm_eval_model  # noqa: F401  (registers "idmix")
+
+    if importlib.util.find_spec("transformers") is not None:
+        import idmix.hf  # noqa: F401  (registers the Auto classes)
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""``IdmixConfig``: a transformers config that names an idmix model builder and its overrides.
+
+The model is described the way ``model_final.pt`` describes it: ``builder`` (a named builder
+of ``idmix.models``, e.g. ``"interdomain_tiny"``, ``"softmax_125m"``, ``"cpu_model"``,
+``"decoder"``, or the dotted name of a builder in ``$IDMIX_TRUSTED_BUILDERS``) and
+``overrides`` (its keyword arguments: ``{"mixer": "s4d", "vocab_size": 512, ...}``). Every
+model the builders make is one such pair. ``vocab_size``, ``hidden_size``,
+``num_hidden_layers``, ``num_attention_heads`` and ``max_position_embeddings`` are filled in
+from the built model (what HF tools read) and checked against it when given.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import PretrainedConfig
+
+# the HF-standard fields, each with how it is read off a built TransformerDecoder
+DERIVED = {
+    "vocab_size": lambda m: m.tok_embeddings.num_embeddings,
+    "hidden_size": lambda m: m.tok_embeddings.embedding_dim,
+    "num_hidden_layers": lambda m: len(m.layers),
+    "num_attention_heads": lambda m: m.num_heads,
+    "max_position_embeddings": lambda m: m.max_seq_len,
+}
+# the decoder argument each derived field comes from (named in errors)
+DECODER_ARG = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "embed_dim",
+    "num_hidden_layers": "num_layers",
+    "num_attention_heads": "num_heads",
+    "max_position_embeddings": "max_seq_len",
+}
+
+
+def builder_path(builder: str) -> str:
+    """The dotted name of builder (short names are ``idmix.models.<name>``)."""
+    return builder if "." in builder else f"idmix.models.{builder}"
+
+
+def check_description(builder, overrides) -> None:
+    """builder a trusted builder name, overrides a dict of str keys whose nested
+    ``_component_`` nodes are trusted too, and a string ``mixer`` a registered mixer; each
+    error names the field."""
+    from idmix.modules import resolve_mixer
+    from idmix.training.checkpoint import check_model_config
+
+    if not isinstance(builder, str) or not builder:
+        raise ValueError(f"builder: expected the name of an idmix.models builder, got {builder!r}")
+    if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
+        raise ValueError(f"overrides: expected a dict of builder arguments, got {overrides!r}")
+    try:
+        check_model_config({"_component_": builder_path(builder), **overrides}, "config.json")
+    except ValueError as e:
+        raise ValueError(f"builder: {e}") from None
+    mixer = overrides.get("mixer")
+    if isinstance(mixer, str):
+        resolve_mixer(mixer, {})  # raises "mixer: expected one of [...]"
+
+
+@strict(accept_kwargs=True)
+class IdmixConfig(PretrainedConfig):
+    """builder + overrides describe the model (module docstring); the token ids are the
+    tokenizer's (bos = eos = pad = ``<|endoftext|>`` for idmix's BPEs)."""
+
+    model_type = "idmix"
+
+    builder: str = "interdomain_tiny"
+    overrides: dict[str, Any] | None = None
+    vocab_size: int | None = None
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    max_position_embeddings: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    use_cache: bool = True
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self, **kwargs):
+        self.overrides = dict(self.overrides or {})
+        super().__post_init__(**kwargs)
+
+    def validate_description(self):
+        """Part of transformers' strict validation (runs on construction and on load)."""
+        check_description(self.builder, self.overrides)
+
+    def build(self):
+        """The idmix ``TransformerDecoder`` that builder(**overrides) makes (on the current
+        default device: meta under ``from_pretrained``)."""
+        module, _, name = builder_path(self.builder).rpartition(".")
+        try:
+            make = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"builder: cannot import {self.builder!r} ({e})") from None
+        return make(**self.overrides)
+
+    def fill_from(self, model) -> None:
+        """Set the derived fields from a built model; a value already set that differs (an
+        edited config.json) is an error naming the field and the decoder argument behind it."""
+        for name, read in DERIVED.items():
+            built, given = read(model), getattr(self, name)
+            if given is not None and given != built:
+                raise ValueError(
+                    f"{name}: config.json says {given}, but builder {self.builder!r} with "
+                    f"overrides {self.overrides} builds {built}; {name} is derived: set "
+                    f"overrides.{DECODER_ARG[name]} instead"
+                )
+            setattr(self, name, built)

@@ -1,0 +1,120 @@
+"""Write a Hugging Face directory (config.json, model.safetensors, generation_config.json, the
+tokenizer, the two ``trust_remote_code`` files) from an idmix model: a ``model_final.pt``
+export (``convert``, the command below; the pretraining run calls it for ``output_dir/hf``),
+or a state dict and its model config (``save_hf``).
+
+    python -m idmix.hf.convert runs/tiny_interdomain/model_final.pt runs/tiny_interdomain/hf
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from idmix.modules import upgrade_state_dict
+from idmix.training import tokenizer as tokenizers
+from idmix.training.checkpoint import (
+    check_compatible,
+    check_model_config,
+    check_no_resolvers,
+    safe_load,
+)
+
+from .configuration import IdmixConfig
+from .modeling import IdmixForCausalLM
+
+MODELS = "idmix.models."
+
+
+def hf_tokenizer(tokenizer, max_length: int) -> PreTrainedTokenizerFast:
+    """An idmix ``BPETokenizer`` as a fast HF tokenizer (same ids, same decoding); its
+    end-of-document token is also bos and pad, as in idmix's recipes."""
+    eos = tokenizer._tok.id_to_token(tokenizer.eos_id)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer._tok,
+        bos_token=eos,
+        eos_token=eos,
+        pad_token=eos,
+        model_max_length=max_length,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def save_hf(state_dict: dict, model_config: dict, out_dir, tokenizer=None, overwrite=False):
+    """out_dir (written under a temporary name, then renamed) from a full state dict and the
+    plain model config of a ``model_final.pt`` (``{"_component_": builder, **overrides}``).
+    tokenizer: an idmix BPETokenizer (saved for AutoTokenizer) or None. Returns out_dir."""
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise ValueError(f"out_dir: {str(out)!r} exists; pass overwrite=True to replace it")
+    overrides = dict(model_config)
+    builder = overrides.pop("_component_").removeprefix(MODELS)
+    eos = None if tokenizer is None else tokenizer.eos_id
+    config = IdmixConfig(
+        builder=builder, overrides=overrides, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos
+    )
+    with torch.device("meta"):  # shapes only; the weights come from state_dict
+        model = IdmixForCausalLM(config)
+    check_compatible(model.model, state_dict, f"{builder} {overrides}")
+    model.model.load_state_dict(state_dict, assign=True)
+    model.generation_config.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    if tokenizer is not None:
+        hf_tokenizer(tokenizer, config.max_position_embeddings).save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def convert(checkpoint, out_dir, tokenizer=None, overwrite=False) -> Path:
+    """A ``model_final.pt`` (read with weights_only=True; its builder must be trusted, as
+    for ``idmix.training.checkpoint.load_exported_model``) to a Hugging Face directory.
+    tokenizer: a BPETokenizer, None, or a spec string of :func:`load_tokenizer`."""
+    source = f"checkpoint {str(checkpoint)!r}"
+    saved = safe_load(checkpoint)
+    if not isinstance(saved, dict) or "model" not in saved or "model_config" not in saved:
+        raise ValueError(f"{source} is not a model_final.pt export")
+    check_no_resolvers(saved["model_config"], source, "model_config")
+    check_model_config(saved["model_config"], source)
+    upgrade_state_dict(saved["model"])
+    if isinstance(tokenizer, str):
+        tokenizer = load_tokenizer(tokenizer, saved["model"]["tok_embeddings.weight"].shape[0])
+    return save_hf(saved["model"], saved["model_config"], out_dir, tokenizer, overwrite)
+
+
+def load_tokenizer(spec: str, vocab_size: int):
+    """spec: "none", a builder of idmix.training.tokenizer trained for vocab_size
+    ("shakespeare_bpe", "python_stdlib_bpe") or the path of a tokenizers JSON file."""
+    if spec == "none":
+        return None
+    if spec in ("shakespeare_bpe", "python_stdlib_bpe"):
+        return getattr(tokenizers, spec)(vocab_size)
+    return tokenizers.from_file(spec)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m idmix.hf.convert", description=__doc__)
+    parser.add_argument("checkpoint", help="a model_final.pt export")
+    parser.add_argument("out_dir", help="the Hugging Face directory to write")
+    parser.add_argument(
+        "--tokenizer",
+        default="shakespeare_bpe",
+        help="shakespeare_bpe (default), python_stdlib_bpe (both at the model's vocab_size), "
+        "a tokenizers JSON file, or none",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace out_dir")
+    args = parser.parse_args(argv)
+    out = convert(args.checkpoint, args.out_dir, args.tokenizer, args.overwrite)
+    print(f"wrote {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
+
+
+if __name__ == "__main__":
+    main()
