@@ -14,8 +14,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> tor
 
     θ_i = base^(-2i/F). Angles are computed from the positions directly (no length cap), so any
     context length works, packed documents included (positions restart at 0). Each pair is
-    rotated as one complex multiply in eager mode (fewest ops); under torch.compile in real arithmetic, which Inductor fuses into one kernel
-    (it has no complex codegen).
+    rotated as one complex multiply in eager mode (fewest ops); under torch.compile in real
+    arithmetic, which Inductor fuses into one kernel (it has no complex codegen).
     """
     F_ = x.shape[-1]
     if F_ % 2:

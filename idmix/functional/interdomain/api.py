@@ -23,6 +23,9 @@ from .recurrent import interdomain_attention_recurrent
 from .selective import SELECTIVE_CHUNK
 from .selective_op import selective_forward
 from .validation import (
+    CHUNKED_PATH,
+    CHUNKED_PATH_REAL,
+    PLAIN_IMPLS,
     State,
     check_backend,
     check_chunk_size,
@@ -166,9 +169,8 @@ def interdomain_attention_real(
     )  # fmt: skip
     if impl == "chunked":
         check_transforms(
-            "interdomain_attention_real", "this op (the chunked path, impl='chunked')",
-            "use impl='naive' (or 'closed_form', 'recurrent': plain PyTorch, every transform "
-            "runs)", q, k, v, lam_ri, beta_ri, G_hat, initial_state,
+            "interdomain_attention_real", CHUNKED_PATH_REAL, PLAIN_IMPLS,
+            q, k, v, lam_ri, beta_ri, G_hat, initial_state,
         )  # fmt: skip
     warn_if_unstable("lam_ri", torch.linalg.vector_norm(lam_ri.detach(), dim=-1))
     decays = decays_of(lam_ri, beta_ri)
@@ -225,8 +227,7 @@ def interdomain_attention(
     precision = resolve_precision(precision, q)
     if impl == "chunked":
         check_transforms(
-            "interdomain_attention", "impl='chunked'",
-            "use impl='naive' (or 'closed_form', 'recurrent': plain PyTorch, every transform runs)",
+            "interdomain_attention", CHUNKED_PATH, PLAIN_IMPLS,
             q, k, v, lam, beta, C, initial_state,
         )  # fmt: skip
     _, cdtype = compute_dtypes(q)

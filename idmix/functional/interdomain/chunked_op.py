@@ -18,7 +18,7 @@ import torch
 
 from .backend import resolve_backend
 from .chunked import SharedSegments, num_pieces, plan, segment_tokens
-from .segments import run_backward, run_forward
+from .segments import incoming_grads, run_backward, run_forward
 from .validation import refuse_double_backward
 
 
@@ -96,10 +96,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, do, dZ_end, _d_starts):
     q, k, v, *rest = ctx.saved_tensors
     decays, (G_hat, starts, *reset) = rest[: ctx.n_decays], rest[ctx.n_decays :]
-    if do is None:
-        do = q.new_zeros(*q.shape[:-1], v.shape[-1])
-    if dZ_end is None:
-        dZ_end = torch.zeros_like(starts[0])
+    do, dZ_end = incoming_grads(do, dZ_end, q, v, starts)
     grads = torch.ops.idmix.chunked_backward(
         do, dZ_end, q, k, v, list(decays), G_hat, starts, reset[0] if reset else None,
         ctx.chunk_size, ctx.backend, ctx.precision,

@@ -48,6 +48,16 @@ def _write(dst: torch.Tensor, piece: Piece, x: torch.Tensor) -> None:
     (span if x.dim() == span.dim() else span.unflatten(1, x.shape[1:3])).copy_(x)
 
 
+def incoming_grads(do, dZ_end, q, v, starts):
+    """The backward's incoming gradients, zeros for an output autograd gave None: do
+    (B, T, H, D) like o, dZ_end like a state."""
+    if do is None:
+        do = q.new_zeros(*q.shape[:-1], v.shape[-1])
+    if dZ_end is None:
+        dZ_end = torch.zeros_like(starts[0])
+    return do, dZ_end
+
+
 def run_forward(math: SegmentMath, plan: list[Piece], tokens, Z0, reset, D: int):
     """Returns (o (B, T, H, D) in q's dtype, Z_end, the piece start states (P, B, H, R+D, 2M))."""
     q = tokens[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .backend import resolve_backend
-from .segments import run_backward, run_forward
+from .segments import incoming_grads, run_backward, run_forward
 from .selective import SelectiveSegments, num_segments, plan
 from .validation import refuse_double_backward
 
@@ -88,10 +88,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, dZ_end, _d_starts):
     q, k, v, lam_ri, beta_ri, G_hat, starts, *reset = ctx.saved_tensors
-    if do is None:
-        do = q.new_zeros(*q.shape[:-1], v.shape[-1])
-    if dZ_end is None:
-        dZ_end = torch.zeros_like(starts[0])
+    do, dZ_end = incoming_grads(do, dZ_end, q, v, starts)
     grads = torch.ops.idmix.selective_backward(
         do, dZ_end, q, k, v, lam_ri, beta_ri, G_hat, starts, reset[0] if reset else None,
         ctx.chunk_size, ctx.backend, ctx.precision,

@@ -255,6 +255,14 @@ DOUBLE_BACKWARD = (
 )
 
 
+# What the ops' refusals of a transform on the chunked path name and suggest
+CHUNKED_PATH = "impl='chunked'"
+CHUNKED_PATH_REAL = "this op (the chunked path, impl='chunked')"
+PLAIN_IMPLS = (
+    "use impl='naive' (or 'closed_form', 'recurrent': plain PyTorch, every transform runs)"
+)
+
+
 def check_transforms(op: str, path: str, remedy: str, *tensors) -> None:
     """Refuse the autograd transforms the chunked path cannot run: ``torch.func`` transforms
     (they would fail deep inside it, or, for jvp, return a zero tangent) and forward-mode AD

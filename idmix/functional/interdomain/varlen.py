@@ -9,6 +9,9 @@ from ..readout import readout_gram
 from .api import compute_dtypes, interdomain_attention_real
 from .realform import interleaved_to_state, state_to_interleaved
 from .validation import (
+    CHUNKED_PATH,
+    CHUNKED_PATH_REAL,
+    PLAIN_IMPLS,
     State,
     check_devices,
     check_params,
@@ -111,9 +114,8 @@ def interdomain_attention_varlen_real(
         check_real_state(initial_state, "initial_state")
     if impl == "chunked":
         check_transforms(
-            "interdomain_attention_varlen_real", "this op (the chunked path, impl='chunked')",
-            "use impl='naive' (or 'closed_form', 'recurrent': plain PyTorch, every transform "
-            "runs)", q, k, v, lam_ri, beta_ri, G_hat, initial_state,
+            "interdomain_attention_varlen_real", CHUNKED_PATH_REAL, PLAIN_IMPLS,
+            q, k, v, lam_ri, beta_ri, G_hat, initial_state,
         )  # fmt: skip
     per_token = lam_ri.dim() == 5  # (1, S, H, M, 2): packed with the tokens
 
@@ -157,8 +159,7 @@ def interdomain_attention_varlen(
     check_devices("q", q, lam=lam, beta=beta, C=C, initial_state=initial_state)
     if impl == "chunked":
         check_transforms(
-            "interdomain_attention_varlen", "impl='chunked'",
-            "use impl='naive' (or 'closed_form', 'recurrent': plain PyTorch, every transform runs)",
+            "interdomain_attention_varlen", CHUNKED_PATH, PLAIN_IMPLS,
             q, k, v, lam, beta, C, initial_state,
         )  # fmt: skip
     R, D = q.shape[-1], v.shape[-1]
