@@ -57,7 +57,13 @@ class IdmixLM(LM):
         """checkpoint=PATH (a model_final.pt export), tokenizer=DOTTED.BUILDER (default: the
         embedded corpus's BPE), tokenizer_<name>=value (builder keyword arguments),
         device=, batch_size=, max_length=."""
-        args = simple_parse_args_string(arg_string)
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """The keys of :meth:`create_from_arg_string` as a dict (how lm-eval's command line
+        passes ``--model_args``: ``idmix-lm-eval --model idmix --model_args checkpoint=…``)."""
+        args = dict(arg_dict)
         args.update({k: v for k, v in (additional_config or {}).items() if v is not None})
         if "checkpoint" not in args:
             raise ValueError("model_args: expected checkpoint=PATH to a model_final.pt export")

@@ -51,10 +51,14 @@ def check_description(builder, overrides) -> None:
         raise ValueError(f"builder: expected the name of an idmix.models builder, got {builder!r}")
     if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
         raise ValueError(f"overrides: expected a dict of builder arguments, got {overrides!r}")
-    try:
-        check_model_config({"_component_": builder_path(builder), **overrides}, "config.json")
-    except ValueError as e:
-        raise ValueError(f"builder: {e}") from None
+    for field, node in (
+        ("builder", {"_component_": builder_path(builder)}),
+        ("overrides", overrides),
+    ):
+        try:
+            check_model_config(node, "config.json")
+        except ValueError as e:
+            raise ValueError(f"{field}: {e}") from None
     mixer = overrides.get("mixer")
     if isinstance(mixer, str):
         resolve_mixer(mixer, {})  # raises "mixer: expected one of [...]"
@@ -81,12 +85,10 @@ class IdmixConfig(PretrainedConfig):
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs):
+        # here, not as a validate_* method: transformers would re-wrap the error's message
         self.overrides = dict(self.overrides or {})
-        super().__post_init__(**kwargs)
-
-    def validate_description(self):
-        """Part of transformers' strict validation (runs on construction and on load)."""
         check_description(self.builder, self.overrides)
+        super().__post_init__(**kwargs)
 
     def build(self):
         """The idmix ``TransformerDecoder`` that builder(**overrides) makes (on the current

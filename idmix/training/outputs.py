@@ -1,15 +1,17 @@
 """What recipes leave in their output directory: result files that are never replaced by
 accident, and a training run's results (``history.json``, ``loss_curve.png``,
-``model_final.pt``) and summary line."""
+``model_final.pt``, ``hf/``) and summary line."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
 
 from . import checkpoint as ckpt
 from .files import atomic_write_json
 from .plots import plot_history
+from .tokenizer import BPETokenizer
 
 
 def fresh_outputs(output_dir, names: Iterable[str], overwrite: bool) -> Path:
@@ -33,10 +35,26 @@ def write_run_results(out: Path, history: list[dict], rank: int) -> None:
         plot_history(history, out / "loss_curve.png", Path(out).name)
 
 
-def export_final_model(out: Path, model, model_config: dict) -> None:
+def export_final_model(out: Path, model, model_config: dict, tokenizer=None, hf=True) -> None:
     """model_final.pt: the full state dict and the plain model config (loads without the run's
-    config; ``checkpoint.load_exported_model``)."""
+    config; ``checkpoint.load_exported_model``); with hf, also ``hf/`` from it (rank 0)."""
     ckpt.export_model(out / "model_final.pt", model, model_config)
+    if hf:
+        ckpt.on_rank0(lambda: export_hf(out, tokenizer))
+
+
+def export_hf(out: Path, tokenizer=None) -> None:
+    """out/hf: the Hugging Face directory of out/model_final.pt (``idmix.hf.convert``), with
+    the tokenizer when it is one of idmix's BPEs; skipped, saying so, without transformers."""
+    if importlib.util.find_spec("transformers") is None:
+        print("no hf/ directory: transformers is not installed (pip install 'idmix[hf]')")
+        return
+    from ..hf.convert import convert
+
+    if not isinstance(tokenizer, BPETokenizer):
+        print(f"hf/: no tokenizer saved ({type(tokenizer).__name__} is not an idmix BPE)")
+        tokenizer = None
+    convert(out / "model_final.pt", out / "hf", tokenizer, overwrite=True)
 
 
 def summary_text(out, history: list[dict], step: int, world: int, tokens: int, seconds: float):
@@ -51,6 +69,6 @@ def summary_text(out, history: list[dict], step: int, world: int, tokens: int, s
         f"{rate:,.0f} tokens/s | loss {first['loss']:.3f} (step {first['step']}) -> "
         f"{last['loss']:.3f} (step {last['step']})"
         + (f" | val ppl best {min(vals):.2f}, final {vals[-1]:.2f}" if vals else "")
-        + f"\nrun directory: {out} (model_final.pt, checkpoints/, logs/, history.json, "
+        + f"\nrun directory: {out} (model_final.pt, hf/, checkpoints/, logs/, history.json, "
         "loss_curve.png)"
     )

@@ -13,7 +13,7 @@ KEYS = {
     "gradient_accumulation_steps", "global_batch_tokens", "max_steps", "max_tokens",
     "warmup_steps", "warmup_tokens", "min_lr", "optimizer", "clip_grad_norm", "compile",
     "enable_activation_checkpointing", "log_every_n_steps", "eval_every_n_steps",
-    "eval_batches", "save_every_n_steps", "steps_this_run", "metric_loggers",
+    "eval_batches", "save_every_n_steps", "steps_this_run", "metric_loggers", "hf_export",
 }  # fmt: skip
 OPTIMIZER_KEYS = {"lr", "betas", "eps", "weight_decay", "ssm_lr_cap"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -28,6 +28,8 @@ def check_pretrain_config(cfg) -> None:
     if unknown:
         fail(f"unknown optimizer keys {unknown}; known: {sorted(OPTIMIZER_KEYS)}")
     one_of(cfg, "dtype", DTYPES)
+    if not isinstance(cfg.get("hf_export", True), bool):  # absent: on (output_dir/hf/)
+        fail(f"hf_export: expected true or false, got {cfg.hf_export!r}")
     for key in ("seq_len", "batch_size", "log_every_n_steps", "eval_batches"):
         integer(cfg, key, 1)
     integer(cfg, "seed", 0)

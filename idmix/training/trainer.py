@@ -269,7 +269,8 @@ class Trainer:
             self.save()
         write_run_results(self.out, self.history, self.rank)
         if self.step == self.total_steps:
-            export_final_model(self.out, self.model, resolved(self.cfg.model))
+            hf = cfg.get("hf_export", True)  # output_dir/hf/ (idmix.hf), on unless false
+            export_final_model(self.out, self.model, resolved(cfg.model), self.tokenizer, hf)
         self.summary()
 
     def save(self) -> None:
