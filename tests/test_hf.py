@@ -21,7 +21,8 @@ pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 
 from idmix import generate  # noqa: E402
-from idmix.hf import IdmixCache, IdmixConfig, IdmixForCausalLM, convert  # noqa: E402
+from idmix.hf import IdmixCache, IdmixConfig, IdmixForCausalLM  # noqa: E402
+from idmix.hf.convert import convert  # noqa: E402
 from idmix.hf.convert import main as convert_main  # noqa: E402
 from idmix.training.checkpoint import export_model, load_exported_model  # noqa: E402
 from idmix.training.tokenizer import shakespeare_bpe  # noqa: E402
@@ -113,6 +114,25 @@ def test_round_trip_in_a_fresh_process_gives_identical_logits(saved, tmp_path):
     for family, (model, _) in saved.items():
         with torch.no_grad():
             assert torch.equal(fresh[family], model(tokens).logits), family
+
+
+def test_idmix_itself_never_imports_transformers():
+    code = (
+        "import sys, idmix, idmix.models, idmix.generation; sys.exit('transformers' in sys.modules)"  # noqa: E501
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_hf_export_is_a_boolean_pretraining_key():
+    from omegaconf import OmegaConf
+
+    from idmix.training.pretrain_config import check_pretrain_config
+
+    cfg = OmegaConf.load(ROOT / "recipes" / "configs" / "tiny_interdomain.yaml")
+    check_pretrain_config(cfg)  # absent: on
+    cfg.hf_export = "yes"
+    with pytest.raises(ValueError, match="hf_export: expected true or false"):
+        check_pretrain_config(cfg)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

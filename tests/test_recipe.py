@@ -3,6 +3,7 @@ repository root), on one process and with FSDP2 over two; resume; configs; bad i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -47,6 +48,8 @@ def test_tune_run_one_process_trains(tmp_path):
     assert final["model_config"]["_component_"] == "idmix.models.interdomain_tiny"
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000030"
     assert (run / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if importlib.util.find_spec("transformers"):  # the Hugging Face directory (idmix.hf)
+        assert {"model.safetensors", "tokenizer.json"} <= {p.name for p in (run / "hf").iterdir()}
 
 
 def test_tune_run_two_processes_fsdp2(tmp_path):
@@ -57,6 +60,7 @@ def test_tune_run_two_processes_fsdp2(tmp_path):
     assert len(h) == 4 and all(torch.isfinite(torch.tensor(r["loss"])) for r in h)
     assert "world 2" in out.stdout
     assert (run / "model_final.pt").is_file()
+    assert not importlib.util.find_spec("transformers") or (run / "hf" / "config.json").is_file()
     # the exported single file loads into a plain (unsharded) model
     from idmix.models import interdomain_tiny
 
