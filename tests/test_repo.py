@@ -25,12 +25,13 @@ def test_ci_runs_the_readme_commands():
 
 
 def test_core_imports_only_torch():
-    """idmix/ must not import torchtune, torchao or lm-eval at import time, and the functional
-    core not even tensordict (a GPU machine may have only torch and triton)."""
+    """idmix/ must not import torchtune, torchao, lm-eval or transformers (only idmix.hf, when
+    imported itself) at import time, and the functional core not even tensordict (a GPU
+    machine may have only torch and triton)."""
     import subprocess
     import sys
 
-    heavy = "('torchtune', 'torchao', 'lm_eval', 'datasets', 'tensordict')"
+    heavy = "('torchtune', 'torchao', 'lm_eval', 'datasets', 'tensordict', 'transformers')"
     code = (
         f"import sys, idmix.functional; bad = [m for m in {heavy} if m in sys.modules]; "
         "import idmix; idmix.generate; "
