@@ -116,6 +116,26 @@ def test_round_trip_in_a_fresh_process_gives_identical_logits(saved, tmp_path):
             assert torch.equal(fresh[family], model(tokens).logits), family
 
 
+@pytest.mark.parametrize(
+    ("builder", "overrides"),
+    [("interdomain_125m", {}), ("selective_interdomain_1_3b", {}), ("softmax_350m", {}),
+     ("ablation_125m", {"cell": "single_input_query"}),
+     ("cpu_model", {"mixer": "s4d", "scale": "small"})],
+)  # fmt: skip
+def test_the_config_describes_the_paper_and_cpu_sizes(builder, overrides):
+    """On the meta device (shapes only): the same parameters as the builder's own model."""
+    import idmix.models
+
+    with torch.device("meta"):
+        hf = IdmixForCausalLM(IdmixConfig(builder=builder, overrides=overrides))
+        own = getattr(idmix.models, builder)(**overrides)
+    shapes = {k: v.shape for k, v in own.state_dict().items()}
+    assert {k.removeprefix("model."): v.shape for k, v in hf.state_dict().items()} == shapes
+    assert hf.config.hidden_size == own.tok_embeddings.embedding_dim
+    if builder == "interdomain_125m":
+        assert hf.num_parameters() == 135_416_208  # the paper's Table 3
+
+
 def test_hf_export_is_a_boolean_pretraining_key():
     from omegaconf import OmegaConf
 
@@ -220,6 +240,17 @@ def _assert_scores_equal(cli, checkpoint: Path, tasks: str) -> None:
             if isinstance(value, float) and "stderr" not in name:
                 # measured: identical (the same forward passes on the same tokens)
                 assert cli[task][name] == pytest.approx(value, rel=1e-6), (task, name)
+
+
+def test_labels_give_the_shifted_next_token_loss(saved):
+    model, _ = saved["selective"]
+    tokens = torch.randint(0, TOY["vocab_size"], (2, 9), generator=SEED(3))
+    with torch.no_grad():
+        out = model(tokens, labels=tokens)
+    expected = torch.nn.functional.cross_entropy(
+        out.logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()
+    )
+    torch.testing.assert_close(out.loss, expected)
 
 
 def test_lm_eval_cli_scores_equal_the_in_process_scores(shakespeare_dir, cli_runs):
