@@ -72,11 +72,13 @@ def test_design_citations_point_into_the_repository():
 
 def test_torchtune_imports_against_the_pinned_torchao():
     """The start-up hook (tools/recipes-hook/_idmix_torchtune_compat.py) lets torchtune 0.6.1
-    import against torchao 0.17; the two names it supplies refuse to run, naming why."""
+    import against torchao 0.17; the two names it supplies refuse to run, naming why; its
+    finder on sys.meta_path survives importlib.invalidate_caches() (trust_remote_code calls it)."""
     import subprocess
     import sys
 
     code = (
+        "import importlib; importlib.invalidate_caches()\n"
         "import torchtune.training, torchao, torchao.quantization as q\n"
         "assert torchao.__version__.startswith('0.17'), torchao.__version__\n"
         "try:\n"
