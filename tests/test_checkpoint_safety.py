@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from idmix.training.checkpoint import TRUSTED_BUILDERS_ENV, load_exported_model, safe_load
+from idmix.training.checkpoint import load_exported_model, safe_load
+from idmix.training.trust import TRUSTED_BUILDERS_ENV
 from tests.helpers import save_tiny_export, tiny_model
 
 

@@ -122,7 +122,8 @@ def load_quantized_model(path, device="cpu") -> nn.Module:
     from omegaconf import DictConfig
     from torchtune import config
 
-    from ..training.checkpoint import check_compatible, check_model_config, safe_load
+    from ..training.checkpoint import check_compatible, safe_load
+    from ..training.trust import check_model_config
 
     if not Path(path).is_file():
         raise ValueError(f"path: no such file {str(path)!r}")

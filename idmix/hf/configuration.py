@@ -45,7 +45,7 @@ def check_description(builder, overrides) -> None:
     ``_component_`` nodes are trusted too, and a string ``mixer`` a registered mixer; each
     error names the field."""
     from idmix.modules import resolve_mixer
-    from idmix.training.checkpoint import check_model_config
+    from idmix.training.trust import check_model_config
 
     if not isinstance(builder, str) or not builder:
         raise ValueError(f"builder: expected the name of an idmix.models builder, got {builder!r}")

@@ -18,12 +18,8 @@ from transformers import PreTrainedTokenizerFast
 
 from idmix.modules import upgrade_state_dict
 from idmix.training import tokenizer as tokenizers
-from idmix.training.checkpoint import (
-    check_compatible,
-    check_model_config,
-    check_no_resolvers,
-    safe_load,
-)
+from idmix.training.checkpoint import check_compatible, check_no_resolvers, safe_load
+from idmix.training.trust import check_model_config
 
 from .configuration import IdmixConfig
 from .modeling import IdmixForCausalLM

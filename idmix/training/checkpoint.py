@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 from . import manifest
 from .dcp_reader import RestrictedReader, TensorsOnlyPlanner, read_dcp_metadata
 from .files import atomic_write, atomic_write_text
+from .trust import check_model_config
 
 STEP_NAME = re.compile(r"step_\d{6,}")
 # what save_checkpoint reports to on_stage(stage, step): the DCP shards written, extra state not
@@ -272,11 +273,6 @@ def load_checkpoint(path: Path, model, optimizer, run_id: str | None = None) -> 
     return extra
 
 
-# Builders a model_final.pt may name: idmix's own, and the dotted names in this variable (your
-# own builders, comma-separated). A file's config is data, so it may not choose arbitrary code.
-TRUSTED_BUILDERS_ENV = "IDMIX_TRUSTED_BUILDERS"
-
-
 def safe_load(path):
     """torch.load with weights_only=True (tensors and plain data only: loading never runs code
     from the file); a file that needs more is refused with an error naming it."""
@@ -289,38 +285,6 @@ def safe_load(path):
             "it with this version, or load it with torch.load(weights_only=False) yourself if "
             f"you trust where it came from. ({str(e).splitlines()[0]})"
         ) from None
-
-
-def _trusted_builders() -> set[str]:
-    import idmix.models
-
-    names = {f"idmix.models.{n}" for n in idmix.models.__all__}
-    names -= {
-        "idmix.models.MODEL_BUILDERS",
-        "idmix.models.init_weights_",
-        "idmix.models.CPU_SCALES",
-        "idmix.models.CPU_SSM_DEFAULTS",
-    }
-    extra = os.environ.get(TRUSTED_BUILDERS_ENV, "")
-    return names | {n.strip() for n in extra.split(",") if n.strip()}
-
-
-def check_model_config(node, source: str, trusted: set[str] | None = None) -> None:
-    """Every ``_component_`` in a saved model config (nested ones too) must be a trusted
-    builder: ``config.instantiate`` would call whatever a file names."""
-    trusted = _trusted_builders() if trusted is None else trusted
-    if isinstance(node, dict):
-        component = node.get("_component_")
-        if component is not None and component not in trusted:
-            raise ValueError(
-                f"{source}: model_config names the builder {component!r}, which is not one of "
-                f"idmix.models; if it is your own, add it to ${TRUSTED_BUILDERS_ENV}"
-            )
-        for value in node.values():
-            check_model_config(value, source, trusted)
-    elif isinstance(node, list):
-        for value in node:
-            check_model_config(value, source, trusted)
 
 
 _RESOLVER = re.compile(r"\$\{\s*[\w.\-]+\s*:")

@@ -12,6 +12,7 @@ from . import checkpoint as ckpt
 from .files import atomic_write_json
 from .plots import plot_history
 from .tokenizer import BPETokenizer
+from .trust import trusting_own_builders
 
 
 def fresh_outputs(output_dir, names: Iterable[str], overwrite: bool) -> Path:
@@ -40,7 +41,8 @@ def export_final_model(out: Path, model, model_config: dict, tokenizer=None, hf=
     config; ``checkpoint.load_exported_model``); with hf, also ``hf/`` from it (rank 0)."""
     ckpt.export_model(out / "model_final.pt", model, model_config)
     if hf:
-        ckpt.on_rank0(lambda: export_hf(out, tokenizer))
+        with trusting_own_builders(model_config):  # the run has just built them
+            ckpt.on_rank0(lambda: export_hf(out, tokenizer))
 
 
 def export_hf(out: Path, tokenizer=None) -> None:
