@@ -188,7 +188,8 @@ def test_a_returned_cache_continues_the_sequence(saved, family):
             out = model(tokens[:, t : t + 1], cache=out.cache)
             steps.append(out.logits)
     assert isinstance(out.cache, IdmixCache) and out.cache.get_seq_length() == 12
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
+    # measured: max |Δ| ≤ 1.2e-7 at |logits| ≤ 0.4 (fp32 summation order of the two paths)
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
