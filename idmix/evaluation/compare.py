@@ -23,8 +23,8 @@ from .extrapolation import perplexity_by_context, token_stream
 KEYS = {
     "output_dir", "overwrite", "device", "seeds", "tokenizer", "dataset", "validation_dataset",
     "mixers", "reference", "training", "context_multiples", "context_tokens", "eval_batch_size",
-    "diagnostic_rows",
-}  # fmt: skip
+    "diagnostic_rows", "sweep",
+}  # fmt: skip  (sweep: an optional list of rates the entries' lrs may interpolate)
 MIXER_KEYS = {"model", "lr", "lrs"}
 # what this recipe sets in each run's pretraining config; `training` holds the rest
 SET_PER_RUN = {

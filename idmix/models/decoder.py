@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..debug import check_values
-from ..modules import SSMMixer, resolve_mixer
+from ..modules import SoftmaxAttention, SSMMixer, resolve_mixer
 
 MixerFactory = Callable[[int], nn.Module]
 
@@ -38,6 +38,23 @@ def mixer_factory(mixer: str | Mapping, embed_dim: int, num_heads: int, **option
     else:
         build, options = resolve_mixer(mixer, options)
     return lambda _: build(embed_dim, num_heads, **options)
+
+
+def hybrid_factory(
+    make_mixer: MixerFactory, every: int, num_layers: int, embed_dim: int, num_heads: int,
+    rope_base: float = 10000.0,
+) -> MixerFactory:  # fmt: skip
+    """layer_idx -> SoftmaxAttention where layer_idx % every == every - 1, else make_mixer."""
+    if isinstance(every, bool) or not isinstance(every, int) or not 2 <= every <= num_layers:
+        raise ValueError(
+            f"softmax_every: expected an int in [2, num_layers={num_layers}] (every k-th layer "
+            f"softmax), got {every!r}"
+        )
+    return lambda i: (
+        SoftmaxAttention(embed_dim, num_heads, rope_base=rope_base)
+        if i % every == every - 1
+        else make_mixer(i)
+    )
 
 
 def _component(path) -> Callable:
@@ -63,6 +80,7 @@ def decoder(
     max_seq_len: int,
     mixer: str | Mapping | MixerFactory = "interdomain",
     intermediate_dim: int | None = None,
+    softmax_every: int | None = None,
     norm_eps: float = 1e-6,
     init_std: float = 0.02,
     **mixer_kwargs,
@@ -71,7 +89,9 @@ def decoder(
     -> untied output. No linear biases. ``mixer``: a registered name or a ``_component_`` node,
     built with ``mixer_kwargs`` (``mixer_factory``), or a ``layer_idx -> nn.Module`` callable
     (dependency injection; it takes no mixer_kwargs). ``max_seq_len`` bounds the input
-    torchtune accepts (the SSM mixers themselves have no length limit).
+    torchtune accepts (the SSM mixers themselves have no length limit). ``softmax_every=k``
+    makes a hybrid: layers i with i % k == k - 1 are softmax attention (``SoftmaxAttention``,
+    with the mixer options' ``rope_base``), the others ``mixer``.
 
     Init: N(0, init_std) for embeddings and linears; residual output projections (mixer
     ``output_proj``, SwiGLU ``w2``) N(0, init_std/√(2·num_layers)); SSM mixers then rescale C
@@ -104,6 +124,9 @@ def decoder(
     make_mixer = (
         mixer if callable(mixer) else mixer_factory(mixer, embed_dim, num_heads, **mixer_kwargs)
     )
+    if softmax_every is not None:
+        make_mixer = hybrid_factory(make_mixer, softmax_every, num_layers, embed_dim, num_heads,
+                                    mixer_kwargs.get("rope_base", 10000.0))  # fmt: skip
     hidden = intermediate_dim or swiglu_hidden_dim(embed_dim)
 
     def block(i):

@@ -6,6 +6,7 @@ column."""
 
 from __future__ import annotations
 
+import ast
 import glob
 import hashlib
 import importlib.metadata
@@ -73,31 +74,85 @@ def fineweb_edu(split: str = "train", name: str = "sample-10BT", validation_docs
 _STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
-def python_stdlib(split: str = "train", validation_every: int = 20) -> datasets.Dataset:
-    """The running interpreter's standard library (``*.py`` outside test folders; ~12 MB on
-    CPython 3.11) as a second, offline corpus in another domain (code, as the paper's
-    CodeParrot). One document per file; a file is in the validation split when the hash of its
-    path relative to the library root falls in 1/validation_every of the range (fixed per path,
-    so the split does not move when files are added)."""
+def _check_split(split: str, validation_every: int) -> None:
     if split not in ("train", "validation"):
         raise ValueError(f"split: expected 'train' or 'validation', got {split!r}")
     if validation_every < 2:
         raise ValueError(f"validation_every: expected >= 2, got {validation_every}")
+
+
+def _in_split(name: str, split: str, validation_every: int) -> bool:
+    """Whether the document called name is in split: validation when the hash of its name falls
+    in 1/validation_every of the range (fixed per name, so the split does not move when
+    documents are added)."""
+    held_out = int(hashlib.sha256(name.encode()).hexdigest(), 16) % validation_every == 0
+    return held_out == (split == "validation")
+
+
+def _stdlib_sources(split: str, validation_every: int):
+    """(path relative to the library root, source text) of the running interpreter's standard
+    library files in split, outside test folders."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    docs, sources = [], []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
         if _STDLIB_SKIP.intersection(path.relative_to(root).parts):
             continue
-        held_out = int(hashlib.sha256(rel.encode()).hexdigest(), 16) % validation_every == 0
-        if held_out != (split == "validation"):
-            continue
-        text = path.read_text(encoding="utf-8", errors="replace")
+        if _in_split(rel, split, validation_every):
+            yield rel, path.read_text(encoding="utf-8", errors="replace")
+
+
+def python_stdlib(split: str = "train", validation_every: int = 20) -> datasets.Dataset:
+    """The running interpreter's standard library (``*.py`` outside test folders; ~12 MB on
+    CPython 3.11) as a second, offline corpus in another domain (code, as the paper's
+    CodeParrot). One document per file; a file is in the validation split when the hash of its
+    path relative to the library root falls in 1/validation_every of the range."""
+    _check_split(split, validation_every)
+    docs, sources = [], []
+    for rel, text in _stdlib_sources(split, validation_every):
         if text.strip():
             docs.append(text)
             sources.append(rel)
     if not docs:
-        raise RuntimeError(f"python_stdlib: no source files found under {str(root)!r}")
+        raise RuntimeError("python_stdlib: no source files found under the standard library")
+    return datasets.Dataset.from_dict({"text": docs, "source": sources})
+
+
+def _docstrings(source: str) -> str:
+    """The docstrings of a module's source (module, classes, functions, in source order),
+    separated by blank lines; "" if it has none or does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ""
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    nodes = sorted(
+        (node for node in ast.walk(tree) if isinstance(node, kinds) and ast.get_docstring(node)),
+        key=lambda node: getattr(node, "lineno", 0),
+    )
+    return "\n\n".join(ast.get_docstring(node) for node in nodes)
+
+
+def python_docs(split: str = "train", validation_every: int = 20) -> datasets.Dataset:
+    """English expository prose that ships with the interpreter: the Python reference's topics
+    (``pydoc_data.topics``, ~0.5 MB) and the docstrings of the standard library (~1.8 MB), one
+    document per topic and per module. Factual text dense in exact repeats (names,
+    identifiers), offline wherever Python is. Split by the hash of the topic or module path as
+    in ``python_stdlib`` (a module held out there is held out here)."""
+    _check_split(split, validation_every)
+    import pydoc_data.topics
+
+    docs, sources = [], []
+    for topic, text in sorted(pydoc_data.topics.topics.items()):
+        if _in_split(f"topic:{topic}", split, validation_every) and text.strip():
+            docs.append(text.strip() + "\n")
+            sources.append(f"topic:{topic}")
+    for rel, source in _stdlib_sources(split, validation_every):
+        text = _docstrings(source)
+        if text.strip():
+            docs.append(text.strip() + "\n")
+            sources.append(rel)
+    if not docs:
+        raise RuntimeError("python_docs: no topics or docstrings found")
     return datasets.Dataset.from_dict({"text": docs, "source": sources})
 
 

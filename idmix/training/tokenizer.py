@@ -122,6 +122,13 @@ def python_stdlib_bpe(vocab_size: int = 4096, cache_dir: str | None = None) -> B
     return cached_bpe("python-stdlib", python_stdlib("train")["text"], vocab_size, cache_dir)
 
 
+def python_docs_bpe(vocab_size: int = 4096, cache_dir: str | None = None) -> BPETokenizer:
+    """A BPE for the documentation-prose corpus, trained on its train split."""
+    from .corpus import python_docs
+
+    return cached_bpe("python-docs", python_docs("train")["text"], vocab_size, cache_dir)
+
+
 def bpe_for_corpus(
     vocab_size: int,
     source: str,
