@@ -28,11 +28,11 @@ import sys
 from omegaconf import DictConfig
 from torchtune import config
 
-from idmix.evaluation.compare import KEYS, RESULTS, check_config, study
+from idmix.evaluation.compare import KEYS, OPTIONAL_KEYS, RESULTS, check_config, study
 from idmix.evaluation.compare_report import write_report
 from idmix.training.outputs import fresh_outputs
 
-__all__ = ["KEYS", "main"]
+__all__ = ["KEYS", "OPTIONAL_KEYS", "main"]
 
 
 @config.parse

@@ -24,7 +24,8 @@ KEYS = {
     "output_dir", "overwrite", "device", "seeds", "tokenizer", "dataset", "validation_dataset",
     "mixers", "reference", "training", "context_multiples", "context_tokens", "eval_batch_size",
     "diagnostic_rows", "sweep",
-}  # fmt: skip  (sweep: an optional list of rates the entries' lrs may interpolate)
+}  # fmt: skip
+OPTIONAL_KEYS = {"sweep"}  # a list of rates the entries' lrs may interpolate (${sweep})
 MIXER_KEYS = {"model", "lr", "lrs"}
 # what this recipe sets in each run's pretraining config; `training` holds the rest
 SET_PER_RUN = {
