@@ -21,19 +21,10 @@ across chunks it reaches the state through γ_L (0 once a chunk holds a reset).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from ..chunking import blocks, chunk_masks, scalar_decays
 from .naive import naive_core
 from .validation import check_chunk_size, check_impl, prepare
-
-
-def _blocks(x: torch.Tensor, N: int, L: int) -> torch.Tensor:
-    """(B, T, H, ...) -> (B, H, N, L, ...), zero-padded at the end to N·L tokens."""
-    x = x.movedim(1, 2)
-    pad = N * L - x.shape[2]
-    if pad:
-        x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
-    return x.reshape(*x.shape[:2], N, L, *x.shape[3:])
 
 
 def chunked_core(q, k, v, beta, log_decay, state, reset, scale: float, chunk_size: int):
@@ -44,25 +35,13 @@ def chunked_core(q, k, v, beta, log_decay, state, reset, scale: float, chunk_siz
     V = v.shape[-1]
     L = min(chunk_size, T)
     N = -(-T // L)
-    q, k, v = _blocks(q * scale, N, L), _blocks(k, N, L), _blocks(v, N, L)
-    b, g = _blocks(beta, N, L), _blocks(log_decay, N, L)  # (B, H, N, L)
+    q, k, v = blocks(q * scale, N, L), blocks(k, N, L), blocks(v, N, L)
+    b, g = blocks(beta, N, L), blocks(log_decay, N, L)  # (B, H, N, L)
 
-    ones = torch.ones(L, L, dtype=torch.bool, device=q.device)
-    causal, strict = ones.tril(), ones.tril(-1)
-    # D[t, s] = Σ_{s<r≤t} log α_r for s < t (0 on and above the diagonal): a cumsum down each
-    # column of the strictly lower part, so each entry is a sum of its own terms only.
-    D = torch.where(strict, g[..., :, None], 0).cumsum(-2)
-    c = g.cumsum(-1)  # log γ_t, from the chunk's start
-    if reset is None:
-        pair = causal
-        fresh = None
-    else:
-        r = F.pad(reset, (0, N * L - T)).reshape(B, 1, N, L)
-        seg = r.long().cumsum(-1)  # documents started so far in the chunk
-        pair = causal & (seg[..., :, None] == seg[..., None, :])  # (B, 1, N, L, L)
-        fresh = seg == 0  # the tokens that still see S_0
-    gam_pair = torch.where(pair, D.exp(), 0)  # Γ[t, s], s ≤ t in one document
-    gam = c.exp() if fresh is None else torch.where(fresh, c.exp(), 0)  # γ_t
+    masks = chunk_masks(reset, N, L, q.device)
+    strict = masks.strict
+    # Γ[t, s] (s ≤ t in one document) and γ_t from segment sums of log α (chunking.py).
+    gam_pair, gam = scalar_decays(g, masks)
 
     kk = k @ k.transpose(-1, -2)
     A = torch.where(strict, b[..., :, None] * gam_pair * kk, 0)
