@@ -1,14 +1,19 @@
 """nn.Modules built from idmix.functional: the SSM mixer and its parts (contracts in
-``parts``), the named mixers (choices of parts) and their registry, caches and the softmax
-baseline."""
+``parts``), the named mixers (choices of parts) and their registry, caches, the softmax
+baseline and the linear baselines (GLA, Mamba-2, Gated DeltaNet)."""
 
 from .branches import Branch, HeadNorm
-from .cache import KVCache, RecurrentCache
+from .cache import KVCache, MatrixStateCache, RecurrentCache
 from .cells import ABLATION_CELLS, ablation_cell
 from .compose import SSM_OPTIONS, SigmoidGate, ssm_mixer
+from .gated_deltanet import GatedDeltaNet
+from .gated_norm import GatedHeadNorm
+from .gla import GatedLinearAttention
 from .inputs import dual_kv_inputs, generic_inputs
 from .interdomain import InterdomainAttention
 from .legacy import upgrade_state_dict
+from .linear_state import LinearStateMixer
+from .mamba2 import Mamba2
 from .mixer import SSMMixer
 from .parts import (
     Core,
@@ -40,12 +45,18 @@ __all__ = [
     "Core",
     "FeatureMap",
     "Gate",
+    "GatedDeltaNet",
+    "GatedHeadNorm",
+    "GatedLinearAttention",
     "HeadNorm",
     "InputBranch",
     "InputParts",
     "InterdomainAttention",
     "KVCache",
     "LinearReadout",
+    "LinearStateMixer",
+    "Mamba2",
+    "MatrixStateCache",
     "PartFactory",
     "PerTokenDecayReadout",
     "QueryReadout",

@@ -60,10 +60,44 @@ class RecurrentCache:
 
     def reset_rows(self, rows: torch.Tensor) -> None:
         """Zero the state of the batch rows where rows (B,) is True (a new document starts)."""
-        new = rows.view(-1, 1, 1, 1)  # a select, not a product: 0·NaN would keep a NaN
-        self.state.copy_(torch.where(new, 0, self.state))
-        for conv in (self.conv_q, self.conv_a, self.conv_b):
-            conv.copy_(torch.where(new[..., 0], 0, conv))
+        _zero_rows(rows, self.state, (self.conv_q, self.conv_a, self.conv_b))
+
+
+def _zero_rows(rows: torch.Tensor, state: torch.Tensor, convs) -> None:
+    """Zero the (B, ·, ·, ·) state and the (B, ·, ·) conv histories where rows (B,) is True."""
+    new = rows.view(-1, 1, 1, 1)  # a select, not a product: 0·NaN would keep a NaN
+    state.copy_(torch.where(new, 0, state))
+    for conv in convs:
+        conv.copy_(torch.where(new[..., 0], 0, conv))
+
+
+@tensorclass
+class MatrixStateCache:
+    """Linear-attention mixer state (GLA, Mamba-2, Gated DeltaNet): constant in the context.
+
+    state: (B, H, K, V) fp32, the matrix S of o = Sᵀ q; conv_q, conv_k, conv_v: (B, W-1, ·)
+    short-conv histories of the query, key and value branches ((B, 0, 0) without a conv).
+    """
+
+    state: torch.Tensor
+    conv_q: torch.Tensor
+    conv_k: torch.Tensor
+    conv_v: torch.Tensor
+
+    @classmethod
+    def empty(cls, batch_size, num_heads, key_dim, value_dim, conv_shapes, dtype, device=None):
+        """conv_shapes: ((W-1, channels) of the query, key and value branches)."""
+        state = torch.zeros(batch_size, num_heads, key_dim, value_dim, device=device)
+        convs = [torch.zeros(batch_size, w, c, dtype=dtype, device=device) for w, c in conv_shapes]
+        return cls(state, *convs, batch_size=[batch_size])
+
+    def check_batch(self, B: int) -> None:
+        """A layer input of B rows fits this cache (its batch size)."""
+        _check_batch(self.state.shape[0], B)
+
+    def reset_rows(self, rows: torch.Tensor) -> None:
+        """Zero the state of the batch rows where rows (B,) is True (a new document starts)."""
+        _zero_rows(rows, self.state, (self.conv_q, self.conv_k, self.conv_v))
 
 
 @tensorclass

@@ -2,7 +2,8 @@
 one table ``idmix.models.decoder(mixer=<name>)`` and configs (``model.mixer=s4d``) read.
 
 Each entry says which options it takes, so a config typo fails naming the key; the softmax
-baseline takes the SSM options too and drops them (one config line can switch mixers).
+and linear baselines (GLA, Mamba-2, Gated DeltaNet) take the SSM options too and drop those
+they do not share (one config line can switch mixers).
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from torch import nn
 
 from .cells import ABLATION_CELLS, ablation_cell
 from .compose import SSM_OPTIONS
+from .gated_deltanet import GatedDeltaNet
+from .gla import GatedLinearAttention
 from .interdomain import InterdomainAttention
+from .mamba2 import Mamba2
 from .s4d_mixer import S4DMixer
 from .selective import SelectiveInterdomainAttention
 from .softmax import SoftmaxAttention
@@ -32,6 +36,11 @@ class MixerEntry(NamedTuple):
     keeps: frozenset[str] | None = None
 
 
+# the linear baselines' own options; the SSM options a config may set for all mixers are
+# accepted and dropped, except the shared ones each keeps (chunk_size, norm_eps, dt_min/max)
+_SHARED = frozenset({"chunk_size", "norm_eps"})
+_LINEAR = _SHARED | {"key_dim", "value_dim", "conv_size"}
+
 MIXERS: dict[str, MixerEntry] = {
     "interdomain": MixerEntry(InterdomainAttention, SSM_OPTIONS),
     "s4d": MixerEntry(S4DMixer, SSM_OPTIONS),
@@ -40,6 +49,14 @@ MIXERS: dict[str, MixerEntry] = {
     **{
         name: MixerEntry(partial(ablation_cell, name), SSM_OPTIONS - set(parts))
         for name, parts in ABLATION_CELLS.items()
+    },
+    **{
+        name: MixerEntry(cls, SSM_OPTIONS | options, options)
+        for name, (cls, options) in {
+            "gla": (GatedLinearAttention, _LINEAR | {"gate_rank"}),
+            "mamba2": (Mamba2, _SHARED | {"expand", "state_dim", "conv_size", "dt_min", "dt_max"}),
+            "gated_deltanet": (GatedDeltaNet, _LINEAR | {"dt_min", "dt_max"}),
+        }.items()
     },
 }
 

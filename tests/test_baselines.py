@@ -1,0 +1,77 @@
+"""The linear baselines and hybrids at the CPU sizes: matched state and parameters, the
+hybrids' layer placement, and the study's configs and prose corpus."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from idmix import models
+from idmix.models.baselines import HYBRID_EVERY
+from idmix.models.state_size import recurrent_state_floats
+from idmix.modules import SoftmaxAttention
+from idmix.training.corpus import python_docs
+
+BASELINES = ["gla", "mamba2", "gated_deltanet"]
+SCALES = ["tiny", "small"]
+
+
+def params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return {s: getattr(models, f"interdomain_{s}")() for s in SCALES}
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("mixer", BASELINES)
+def test_baselines_match_interdomain_in_state_and_parameters(reference, mixer, scale):
+    model, ref = getattr(models, f"{mixer}_{scale}")(), reference[scale]
+    states, ref_states = recurrent_state_floats(model), recurrent_state_floats(ref)
+    assert len(states) == len(ref_states)
+    for got, want in zip(states, ref_states, strict=True):
+        assert abs(got / want - 1) <= 0.05, (got, want)
+    assert abs(params(model) / params(ref) - 1) <= 0.01, (params(model), params(ref))
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("mixer", ["interdomain", *BASELINES])
+def test_hybrids_place_softmax_every_kth_layer_at_matched_parameters(reference, mixer, scale):
+    model = getattr(models, f"hybrid_{mixer}_{scale}")()
+    every = HYBRID_EVERY[scale]
+    kinds = [isinstance(layer.attn, SoftmaxAttention) for layer in model.layers]
+    assert kinds == [i % every == every - 1 for i in range(len(model.layers))]
+    assert abs(params(model) / params(reference[scale]) - 1) <= 0.01
+    logits = model(torch.randint(0, 4096, (1, 9)))
+    assert logits.shape == (1, 9, 4096) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("every", [1, 3, True, "2"])
+def test_softmax_every_out_of_range_is_refused_by_name(every):
+    with pytest.raises(ValueError, match="softmax_every"):
+        models.interdomain_tiny(softmax_every=every)
+
+
+def test_the_study_config_names_a_builder_and_the_same_sweep_for_every_entry():
+    cfg = OmegaConf.load("recipes/configs/compare_baselines_tiny.yaml")
+    from idmix.evaluation.compare import check_config
+
+    check_config(cfg)
+    for name, entry in cfg.mixers.items():
+        assert list(entry.lrs) == list(cfg.sweep), name
+        module, _, builder = entry.model._component_.rpartition(".")
+        assert module == "idmix.models" and builder in models.MODEL_BUILDERS, name
+
+
+def test_the_prose_corpus_splits_by_name_and_holds_english_text():
+    train, val = python_docs("train"), python_docs("validation")
+    assert len(train) > 10 * len(val) > 0
+    assert not set(train["source"]) & set(val["source"])
+    assert python_docs("validation")["text"] == val["text"]  # fixed, not drawn
+    text = " ".join(val["text"])
+    assert text.count(" the ") > 500
+    with pytest.raises(ValueError, match="split"):
+        python_docs("test")
