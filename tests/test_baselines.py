@@ -75,3 +75,16 @@ def test_the_prose_corpus_splits_by_name_and_holds_english_text():
     assert text.count(" the ") > 500
     with pytest.raises(ValueError, match="split"):
         python_docs("test")
+
+
+@pytest.mark.parametrize("mixer", BASELINES)
+def test_an_exported_baseline_loads_back_equal(tmp_path, mixer):
+    """model_final.pt of each baseline goes through the loader (and its old-name upgrades)."""
+    from idmix.training.checkpoint import export_model, load_exported_model
+
+    model = getattr(models, f"{mixer}_tiny")()
+    path = tmp_path / "model_final.pt"
+    export_model(path, model, {"_component_": f"idmix.models.{mixer}_tiny"})
+    loaded = load_exported_model(path)
+    tokens = torch.randint(0, 4096, (1, 12))
+    torch.testing.assert_close(loaded(tokens), model.eval()(tokens))

@@ -53,7 +53,7 @@ class GatedDeltaNet(LinearStateMixer):
             query=branch(embed_dim, num_heads, key_dim, conv_size, silu_l2_feature_map),
             key=branch(embed_dim, num_heads, key_dim, conv_size, silu_l2_feature_map),
             value=branch(embed_dim, num_heads, value_dim, conv_size, F.silu),
-            out_norm=GatedHeadNorm(embed_dim, num_heads, value_dim, eps=norm_eps),
+            output_gate=GatedHeadNorm(embed_dim, num_heads, value_dim, eps=norm_eps),
             chunk_size=chunk_size,
         )
         self.beta_proj = nn.Linear(embed_dim, num_heads, bias=False)

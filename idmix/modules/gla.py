@@ -45,7 +45,7 @@ class GatedLinearAttention(LinearStateMixer):
             query=branch(embed_dim, num_heads, key_dim, conv_size),
             key=branch(embed_dim, num_heads, key_dim, conv_size),
             value=branch(embed_dim, num_heads, value_dim, conv_size),
-            out_norm=GatedHeadNorm(embed_dim, num_heads, value_dim, eps=norm_eps),
+            output_gate=GatedHeadNorm(embed_dim, num_heads, value_dim, eps=norm_eps),
             chunk_size=chunk_size,
         )
         self.decay_proj = nn.Sequential(

@@ -57,7 +57,7 @@ class LinearStateMixer(CachedMixer):
     """Base of the mixers whose state is one (K, V) matrix per head.
 
     query, key: Branches of H_qk heads of K (H_qk divides H: Mamba-2 shares one across all
-    heads); value: a Branch of H heads of V; out_norm: GatedHeadNorm; output_proj: H·V × d.
+    heads); value: a Branch of H heads of V; output_gate: GatedHeadNorm; output_proj: H·V × d.
     Subclasses implement ``gates(x) -> dict`` and ``recurrence(q, k, v, gates, state, reset)
     -> (o, S_T)``, and may override ``skip(o, v, x)``.
     """
@@ -70,7 +70,7 @@ class LinearStateMixer(CachedMixer):
         query: Branch,
         key: Branch,
         value: Branch,
-        out_norm: GatedHeadNorm,
+        output_gate: GatedHeadNorm,
         chunk_size: int,
     ):
         super().__init__()
@@ -82,7 +82,7 @@ class LinearStateMixer(CachedMixer):
             )
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.key_dim, self.value_dim = key.head_dim, value.head_dim
-        self.query, self.key, self.value, self.out_norm = query, key, value, out_norm
+        self.query, self.key, self.value, self.output_gate = query, key, value, output_gate
         self.output_proj = nn.Linear(num_heads * self.value_dim, embed_dim, bias=False)
         self.chunk_size = chunk_size
 
@@ -141,7 +141,7 @@ class LinearStateMixer(CachedMixer):
         if cache is not None:
             self._store(cache, S, cq, ck, cv)
         o = self.skip(o.to(v.dtype), v)
-        return self.output_proj(self.out_norm(x, o))
+        return self.output_proj(self.output_gate(x, o))
 
     @staticmethod
     @torch.no_grad()

@@ -56,7 +56,9 @@ class Mamba2(LinearStateMixer):
             query=branch(embed_dim, 1, state_dim, conv_size, F.silu),  # C
             key=branch(embed_dim, 1, state_dim, conv_size, F.silu),  # B
             value=branch(embed_dim, num_heads, head_dim, conv_size, F.silu),  # x
-            out_norm=GatedHeadNorm(embed_dim, num_heads, head_dim, gate_first=True, eps=norm_eps),
+            output_gate=GatedHeadNorm(
+                embed_dim, num_heads, head_dim, gate_first=True, eps=norm_eps
+            ),
             chunk_size=chunk_size,
         )
         self.dt_proj = nn.Linear(embed_dim, num_heads, bias=True)
