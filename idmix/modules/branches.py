@@ -53,11 +53,14 @@ class Branch(nn.Module):
             nn.init.uniform_(self.conv_weight, -(self.conv_size**-0.5), self.conv_size**-0.5)
             self.conv_bias.zero_()
 
-    def forward(self, x, positions, reset, conv_cache=None):
-        """x: (B, T, d); positions (B, T); reset (B, T) bool or None (no document starts).
-        Returns (y: (B, T, H, d_h), new conv cache)."""
+    def forward(self, x, positions, reset, conv_cache=None, context_parallel=None):
+        """x: (B, T, d); positions (B, T); reset (B, T) bool or None (no document starts);
+        context_parallel: None, or the ``ContextParallel`` x is a slice of (the conv history
+        then comes from the previous rank). Returns (y: (B, T, H, d_h), new conv cache)."""
         h = self.proj(x)
         new_cache = None
+        if self.conv_size and context_parallel is not None:
+            conv_cache = context_parallel.conv_halo(h, reset, self.conv_weight)
         if self.conv_size and reset is None:
             h, new_cache = short_conv(h, self.conv_weight, self.conv_bias, conv_cache)
         elif self.conv_size:

@@ -136,6 +136,9 @@ class SSMMixer(CachedMixer):
         B, T = check_layer_input(x, self.embed_dim, input_pos)
         pos, reset = positions_and_resets(input_pos, B, T, x.device)
         cache = self.kv_cache if self.cache_enabled else None
+        self.check_context_parallel(cache)
+        if self.context_parallel is not None:
+            pos = self.context_parallel.positions(input_pos, B, T, x.device)
         if cache is not None:
             cache.check_batch(B)
             if reset is not None:  # rows whose first position starts a document (branch-free)
@@ -163,9 +166,10 @@ class SSMMixer(CachedMixer):
     def _inputs(self, x, pos, reset, convs=(None, None, None)):
         """The query and the two normalised SSM input halves, with their new conv caches.
         x: (B, T, d) -> ((q (B, T, H, d_h) or None, a, b (B, T, G, d_h)), (cq, ca, cb))."""
-        q, cq = (None, None) if self.query is None else self.query(x, pos, reset, convs[0])
-        a, ca = self.key_branch(x, pos, reset, convs[1])
-        b, cb = self.value_branch(x, pos, reset, convs[2])
+        cp = self.context_parallel
+        q, cq = (None, None) if self.query is None else self.query(x, pos, reset, convs[0], cp)
+        a, ca = self.key_branch(x, pos, reset, convs[1], cp)
+        b, cb = self.value_branch(x, pos, reset, convs[2], cp)
         q, a = self._rope_last(q, self.key_norm(a), pos)
         return (q, a, self.value_norm(b)), (cq, ca, cb)
 

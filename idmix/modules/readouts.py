@@ -41,6 +41,8 @@ class QueryReadout(nn.Module):
 
     c_degree = 2  # the output depends on C through CᴴC
     needs_query = True
+    # the chunked op; ``idmix.parallel.enable_context_parallel`` sets its split-sequence form
+    attention = staticmethod(interdomain_attention_real)
 
     def __init__(
         self,
@@ -83,7 +85,7 @@ class QueryReadout(nn.Module):
         G_hat = core.gram(self.convention)
         r = self.num_heads // self.num_state_groups
         if r == 1:
-            return interdomain_attention_real(
+            return self.attention(
                 q,
                 a,
                 b,
@@ -104,7 +106,7 @@ class QueryReadout(nn.Module):
             return x.unsqueeze(1).expand(B, r, *x.shape[1:]).flatten(0, 1)
 
         q_r = q.unflatten(2, (G, r)).permute(0, 3, 1, 2, 4).flatten(0, 1)  # (B·r, T, G, d_h)
-        o, final = interdomain_attention_real(
+        o, final = self.attention(
             q_r,
             replicate(a),
             replicate(b),

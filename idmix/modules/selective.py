@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..functional import discretize_real, interdomain_attention_real, interdomain_decode_step_real
+from ..functional import discretize_real, interdomain_decode_step_real
 from .compose import ssm_mixer
 from .mixer import SSMMixer
 from .parts import SSMArgs
@@ -55,7 +55,7 @@ class PerTokenDecayReadout(QueryReadout):
 
     def forward(self, q, a, b, core, state=None, reset=None):
         lam_ri, beta_ri = self.decays(a, b, core)
-        return interdomain_attention_real(
+        return self.attention(
             q,
             a,
             b,

@@ -48,14 +48,21 @@ class SoftmaxAttention(CachedMixer):
         B, T = check_layer_input(x, self.num_heads * self.head_dim, input_pos)
         d = x.shape[-1]
         pos, reset = positions_and_resets(input_pos, B, T, x.device)
+        cp = self.context_parallel
+        cache = self.kv_cache if self.cache_enabled else None
+        self.check_context_parallel(cache)
+        if cp is not None:
+            pos = cp.positions(input_pos, B, T, x.device)
         q, k, v = (
             p(x).unflatten(-1, (self.num_heads, self.head_dim))
             for p in (self.q_proj, self.k_proj, self.v_proj)
         )
         if self.use_rope:
             q, k = rope(q, pos, self.rope_base), rope(k, pos, self.rope_base)
+        if cp is not None:
+            o = self._context_parallel(cp, q, k, v, pos, reset)
+            return self.output_proj(o.transpose(1, 2).reshape(B, T, d))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, d_h)
-        cache = self.kv_cache if self.cache_enabled else None
         if cache is not None:
             cache.check_room(B, T)
             # positions written from the length tensor (no host sync: decoding compiles whole)
@@ -78,3 +85,20 @@ class SoftmaxAttention(CachedMixer):
         else:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.output_proj(o.transpose(1, 2).reshape(B, T, d))
+
+    @staticmethod
+    def _context_parallel(cp, q, k, v, pos, reset):
+        """This rank's queries against every rank's keys and values (all-gathered, equal slices):
+        the global causal mask, block-diagonal over documents when positions restart. q, k, v:
+        (B, T_r, H, d_h) -> (B, H, T_r, d_h)."""
+        B, T = q.shape[:2]
+        start = cp.start(T, q.device)
+        k, v = cp.gather_sequence(k, "softmax_k"), cp.gather_sequence(v, "softmax_v")
+        cols = torch.arange(k.shape[1], device=q.device)
+        mask = cols[None, :] <= (start + torch.arange(T, device=q.device))[:, None]  # (T, S)
+        mask = mask.expand(B, T, -1)
+        if reset is not None:  # same document: equal counts of document starts so far
+            doc = cp.gather_sequence(reset.int(), "softmax_resets").cumsum(1)  # (B, S)
+            mask = mask & (doc[:, start : start + T, None] == doc[:, None, :])
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])

@@ -14,6 +14,7 @@ KEYS = {
     "warmup_steps", "warmup_tokens", "min_lr", "optimizer", "clip_grad_norm", "compile",
     "enable_activation_checkpointing", "log_every_n_steps", "eval_every_n_steps",
     "eval_batches", "save_every_n_steps", "steps_this_run", "metric_loggers", "hf_export",
+    "context_parallel_size",
 }  # fmt: skip
 OPTIMIZER_KEYS = {"lr", "betas", "eps", "weight_decay", "ssm_lr_cap"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -32,6 +33,7 @@ def check_pretrain_config(cfg) -> None:
         fail(f"hf_export: expected true or false, got {cfg.hf_export!r}")
     for key in ("seq_len", "batch_size", "log_every_n_steps", "eval_batches"):
         integer(cfg, key, 1)
+    check_context_parallel(cfg)
     integer(cfg, "seed", 0)
     if cfg.get("global_batch_tokens") is None:
         integer(cfg, "gradient_accumulation_steps", 1)
@@ -50,6 +52,23 @@ def check_pretrain_config(cfg) -> None:
             high_open=True)  # fmt: skip
     number(cfg, "min_lr", 0, lr)
     number(cfg, "clip_grad_norm", 0, low_open=True, optional=True)
+
+
+def check_context_parallel(cfg) -> None:
+    """context_parallel_size (absent: 1): each sequence split over that many ranks, in equal
+    slices of seq_len / N positions (>= 3, the short conv's history); no per-block compile or
+    activation checkpointing."""
+    if cfg.get("context_parallel_size") is None:
+        return
+    cp = integer(cfg, "context_parallel_size", 1)
+    if cfg.seq_len % cp or cfg.seq_len // cp < 3:
+        fail(
+            f"context_parallel_size={cp}: seq_len={cfg.seq_len} must split into {cp} equal "
+            "slices of at least 3 positions"
+        )
+    for key in ("compile", "enable_activation_checkpointing"):  # both re-run or split the
+        if cp > 1 and cfg.get(key):  # layers, whose exchanges must run in one order
+            fail(f"{key}: not supported with context_parallel_size={cp}")
 
 
 def check_training_section(section, set_per_run, where: str) -> None:

@@ -1,5 +1,6 @@
 """The pretraining loop behind ``recipes/pretrain_interdomain.py`` (and every run of
-``recipes/compare_mixers.py``): one process, or FSDP2 across the processes torchrun starts.
+``recipes/compare_mixers.py``): one process, or FSDP2 across the processes torchrun starts,
+optionally with each sequence split over ``context_parallel_size`` of them.
 
 Packed documents with positions restarting at each document (the recurrent state resets there);
 a step/token budget; AdamW with the SSM parameter group; linear warmup then cosine to a floor;
@@ -22,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchtune import config, training
 from torchtune.modules import TransformerSelfAttentionLayer
 
+from ..parallel import enable_context_parallel
 from . import checkpoint as ckpt
 from . import distributed
 from .callbacks import Callback, MetricLoggers, ProgressBar
@@ -45,10 +47,14 @@ class Trainer:
         self.callbacks = [ProgressBar(), *callbacks]
         self.world, self.rank, self.device = distributed.join(torch.device(cfg.device))
         self.distributed = self.world > 1
+        cp = cfg.get("context_parallel_size") or 1
+        if self.world % cp:
+            fail(f"context_parallel_size={cp} does not divide the {self.world} processes")
+        self.layout = distributed.layout(self.world, self.rank, cp)
         self.out = Path(cfg.output_dir)
         self.tokens_per_micro = cfg.batch_size * cfg.seq_len
         self.accum = self._accumulation()
-        self.tokens_per_step = self.tokens_per_micro * self.accum * self.world
+        self.tokens_per_step = self.tokens_per_micro * self.accum * self.layout.dp_world
         self.total_steps = self._budget("max_steps", "max_tokens")
         self.warmup_steps = self._budget("warmup_steps", "warmup_tokens")
         self.claim = None
@@ -74,11 +80,11 @@ class Trainer:
     def _accumulation(self) -> int:
         cfg = self.cfg
         if cfg.get("global_batch_tokens"):
-            per = self.tokens_per_micro * self.world
+            per = self.tokens_per_micro * self.layout.dp_world
             if cfg.global_batch_tokens % per:
                 fail(
                     f"global_batch_tokens={cfg.global_batch_tokens} is not a multiple of "
-                    f"batch_size*seq_len*world = {per}"
+                    f"batch_size*seq_len*(world / context_parallel_size) = {per}"
                 )
             return cfg.global_batch_tokens // per
         return cfg.gradient_accumulation_steps
@@ -96,8 +102,13 @@ class Trainer:
         path = cfg.tokenizer.get("path")
         if path is not None and not Path(path).is_file():
             fail(f"tokenizer.path: no such file {path!r}")
-        training.set_seed(seed=cfg.seed)
-        self.model = config.instantiate(cfg.model)
+        if self.distributed:  # every rank builds the one-process model (then its own stream)
+            torch.manual_seed(cfg.seed)
+            self.model = config.instantiate(cfg.model)
+            training.set_seed(seed=cfg.seed)  # seed + rank
+        else:
+            training.set_seed(seed=cfg.seed)
+            self.model = config.instantiate(cfg.model)
         max_len = getattr(self.model, "max_seq_len", None)
         if max_len is not None and cfg.seq_len > max_len:
             fail(f"seq_len={cfg.seq_len} exceeds the model's max_seq_len={max_len}")
@@ -106,6 +117,11 @@ class Trainer:
         if vocab is not None and self.tokenizer.vocab_size > vocab:
             fail(f"tokenizer vocab_size {self.tokenizer.vocab_size} exceeds the model's {vocab}")
         self.model.to(self.device)
+        if self.layout.cp_world > 1:  # before sharding: the layers learn their process group
+            group = distributed.context_parallel_group(
+                self.world, self.layout.cp_world, self.device
+            )
+            enable_context_parallel(self.model, group)
         if cfg.enable_activation_checkpointing:
             training.set_activation_checkpointing(
                 self.model, auto_wrap_policy={TransformerSelfAttentionLayer}
@@ -155,8 +171,8 @@ class Trainer:
             self._documents(dataset_cfg, seed),
             self.cfg.seq_len,
             self.tokenizer.eos_id,
-            rank=self.rank,
-            world=self.world,
+            rank=self.layout.dp_rank,  # the ranks of one context-parallel group share rows
+            world=self.layout.dp_world,
         )
 
     def _resume(self) -> None:
@@ -189,11 +205,13 @@ class Trainer:
 
     def _loss(self, tokens, positions) -> torch.Tensor:
         tokens, positions = tokens.to(self.device), positions.to(self.device)
+        inputs, labels, positions = tokens[:, :-1], tokens[:, 1:], positions[:, :-1]
+        if self.layout.cp_world > 1:  # this rank's slice (equal slices: the mean of the
+            # ranks' losses is the loss of the whole sequence)
+            inputs, labels, positions = map(self.layout.slice, (inputs, labels, positions))
         with self._autocast():
-            logits = self.model(tokens[:, :-1], input_pos=positions[:, :-1])
-        return torch.nn.functional.cross_entropy(
-            logits.float().flatten(0, 1), tokens[:, 1:].flatten()
-        )
+            logits = self.model(inputs, input_pos=positions)
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
     def _mean_across_ranks(self, value: float) -> float:
         return distributed.mean_across_ranks(value, self.world, self.device)
