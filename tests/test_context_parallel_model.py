@@ -1,7 +1,7 @@
 """A model on a sequence split across gloo ranks (idmix.parallel.enable_context_parallel): the
 loss, every parameter's gradient and a few optimiser steps equal the single-process model's,
-for interdomain and a hybrid with softmax layers, with documents starting at and across a
-slice boundary; unsupported mixers and decoding caches are refused by name."""
+for interdomain, a hybrid with softmax layers and the selective (per-token decay) layer, with
+documents starting at and across a slice boundary; unsupported mixers and decoding caches are refused by name."""
 
 from __future__ import annotations
 
@@ -25,7 +25,11 @@ T = 48
 
 def _model(name):
     torch.manual_seed(0)
-    builder = {"interdomain": models.interdomain_tiny, "hybrid": models.hybrid_interdomain_tiny}
+    builder = {
+        "interdomain": models.interdomain_tiny,
+        "hybrid": models.hybrid_interdomain_tiny,  # layer 1 softmax: gathered K/V
+        "selective": models.selective_interdomain_tiny,  # per-token decays
+    }
     return builder[name](chunk_size=8)
 
 
@@ -65,7 +69,11 @@ def _train_equal(rank, world, name, packed):
         cp_model.load_state_dict(ref.state_dict())  # at equal parameters, no drift
 
 
-@pytest.mark.parametrize("name, packed", [("interdomain", True), ("hybrid", False)])
+@pytest.mark.parametrize(
+    "name, packed",
+    [("interdomain", False), ("hybrid", True),
+     pytest.param("selective", True, marks=pytest.mark.slow)],  # its per-token path: ~40 s
+)  # fmt: skip
 def test_split_model_trains_like_one_process(name, packed):
     run_ranks(2, _train_equal, name, packed)
 
