@@ -1,7 +1,8 @@
 """A model on a sequence split across gloo ranks (idmix.parallel.enable_context_parallel): the
 loss, every parameter's gradient and a few optimiser steps equal the single-process model's,
 for interdomain, a hybrid with softmax layers and the selective (per-token decay) layer, with
-documents starting at and across a slice boundary; unsupported mixers and decoding caches are refused by name."""
+documents starting at and across a slice boundary; unsupported mixers and decoding caches are
+refused by name."""
 
 from __future__ import annotations
 
