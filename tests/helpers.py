@@ -161,3 +161,43 @@ def selective_problem(B=2, T=37, H=2, R=4, D=3, M=5, dt_range=(1e-3, 1.0), seed=
     p["lam"] = torch.exp(dt * A)
     p["beta"] = (p["lam"] - 1) / A
     return p
+
+
+def reset_mask(B, T, *positions):
+    """A (B, T) document-start mask with True at each (row, t) given."""
+    r = torch.zeros(B, T, dtype=torch.bool)
+    for b, t in positions:
+        r[b, t] = True
+    return r
+
+
+def random_resets(B, T, seed, p=0.1):
+    """A (B, T) document-start mask, each position True with probability p (seeded)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    return torch.rand(B, T, generator=g) < p
+
+
+def outputs_and_grads(run, p, **kw):
+    """(o, S_T, grads of every input) of run(p, **kw) under a random linear loss on o and S_T,
+    drawn by shape: p maps input names to tensors (None for an absent one)."""
+    leaves = {n: x.detach().clone().requires_grad_() for n, x in p.items() if x is not None}
+    o, S = run({**p, **leaves}, **kw)
+    g = torch.Generator().manual_seed(1)
+    loss = (o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum()
+    loss = loss + (S * torch.randn(S.shape, generator=g, dtype=S.dtype)).sum()
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return o, S, dict(zip(leaves, grads, strict=True))
+
+
+def run_in_two_parts(run, p, per_token, cut, reset, **kw):
+    """run on [0, cut) then on [cut, T) from the carried state: (o, final state). per_token:
+    the names of p's (B, T, ...) inputs; the rest pass whole, initial_state is carried."""
+    T = p[per_token[0]].shape[1]
+    state, outs = p["initial_state"], []
+    for lo, hi in ((0, cut), (cut, T)):
+        if hi > lo:
+            part = {n: p[n][:, lo:hi] if n in per_token else p[n] for n in p}
+            part_reset = None if reset is None else reset[:, lo:hi]
+            o, state = run(dict(part, initial_state=state), reset=part_reset, **kw)
+            outs.append(o)
+    return torch.cat(outs, 1), state

@@ -12,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from idmix.functional.delta_rule import gated_delta_rule
-from tests.helpers import assert_rel
+from tests.helpers import (
+    assert_rel,
+    outputs_and_grads,
+    random_resets,
+    reset_mask,
+    run_in_two_parts,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -70,12 +76,6 @@ def problem(
     return {n: (x if x is None else x.to(dtype)) for n, x in p.items()}
 
 
-def resets(B, T, *positions):
-    """A (B, T) reset mask with True at each (row, t) given."""
-    r = torch.zeros(B, T, dtype=torch.bool)
-    for b, t in positions:
-        r[b, t] = True
-    return r
 
 
 def run(p, **kw):
@@ -85,14 +85,7 @@ def run(p, **kw):
 
 
 def run_with_grads(p, **kw):
-    """(o, S_T, grads of every input) of a random linear loss on o and S_T, drawn by shape."""
-    leaves = {n: x.detach().clone().requires_grad_() for n, x in p.items() if x is not None}
-    o, S = run({**p, **leaves}, **kw)
-    g = torch.Generator().manual_seed(1)
-    loss = (o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum()
-    loss = loss + (S * torch.randn(S.shape, generator=g, dtype=S.dtype)).sum()
-    grads = torch.autograd.grad(loss, list(leaves.values()))
-    return o, S, dict(zip(leaves, grads, strict=True))
+    return outputs_and_grads(run, p, **kw)
 
 
 # (name, problem kwargs, chunk_size, reset positions)
@@ -119,7 +112,7 @@ LADDER = [
 )
 def test_chunked_matches_naive_fp64(kw, chunk_size, reset_at):
     p = problem(**kw)
-    reset = resets(2, kw["T"], *reset_at) if reset_at else None
+    reset = reset_mask(2, kw["T"], *reset_at) if reset_at else None
     o_ref, S_ref, g_ref = run_with_grads(p, reset=reset, impl="naive")
     o, S, g = run_with_grads(p, reset=reset, chunk_size=chunk_size)
     assert o.dtype == S.dtype == torch.float64
@@ -134,7 +127,7 @@ def test_gradcheck(impl):
     """Autograd through both forms against finite differences (tiny, float64, two chunks and a
     reset inside the second)."""
     p = problem(B=1, T=5, H=1, K=2, V=2, decay=(0.2, 1.0), beta=(0.2, 0.9))
-    reset = resets(1, 5, (0, 4))
+    reset = reset_mask(1, 5, (0, 4))
     leaves = [p[n].clone().requires_grad_() for n in NAMES]
 
     def f(q, k, v, beta, log_decay, state):
@@ -189,9 +182,6 @@ dims = st.fixed_dictionaries(
 SETTINGS = settings(max_examples=20, deadline=None)
 
 
-def random_resets(B, T, seed, p=0.1):
-    g = torch.Generator().manual_seed(seed + 1)
-    return torch.rand(B, T, generator=g) < p
 
 
 @SETTINGS
@@ -213,21 +203,15 @@ def test_split_and_carry_equals_one_pass(d, frac, with_resets):
     T, cut = d["T"], int(frac * d["T"])
     reset = random_resets(d["B"], T, d["seed"]) if with_resets else None
     o_full, S_full = run(p, reset=reset, chunk_size=8)
-    state, outs = p["initial_state"], []
-    for lo, hi in ((0, cut), (cut, T)):
-        if hi > lo:
-            part = {n: p[n][:, lo:hi] for n in NAMES[:5]}
-            part_reset = None if reset is None else reset[:, lo:hi]
-            o, state = run(dict(part, initial_state=state), reset=part_reset, chunk_size=8)
-            outs.append(o)
-    assert_rel(torch.cat(outs, 1), o_full, 1e-12, "o")
+    o, state = run_in_two_parts(run, p, NAMES[:5], cut, reset, chunk_size=8)
+    assert_rel(o, o_full, 1e-12, "o")
     assert_rel(state, S_full, 1e-12, "final state")
 
 
 def test_decode_steps_equal_the_chunked_forward():
     """T = 1 steps of the naive form (the decode path), carrying the state, equal one pass."""
     p = problem(T=23)
-    reset = resets(2, 23, (0, 7), (1, 8), (1, 9))
+    reset = reset_mask(2, 23, (0, 7), (1, 8), (1, 9))
     o_full, S_full = run(p, reset=reset, chunk_size=8)
     state, outs = p["initial_state"], []
     for t in range(23):
@@ -294,7 +278,7 @@ def test_fullgraph_compile_matches_eager():
     torch._dynamo.reset()
     compiled = torch.compile(gated_delta_rule, fullgraph=True, backend="aot_eager")
     p = problem(T=21, dtype=torch.float32)
-    reset = resets(2, 21, (0, 0), (1, 8), (1, 13))
+    reset = reset_mask(2, 21, (0, 0), (1, 8), (1, 13))
     leaves = {n: x.clone().requires_grad_() for n, x in p.items()}
     args = [leaves[n] for n in NAMES[:5]]
     kw = dict(initial_state=leaves["initial_state"], reset=reset, chunk_size=8)

@@ -19,7 +19,13 @@ from idmix.functional.gated_linear import (
     gated_linear_attention_chunked,
     gated_linear_attention_naive,
 )
-from tests.helpers import assert_rel
+from tests.helpers import (
+    assert_rel,
+    outputs_and_grads,
+    random_resets,
+    reset_mask,
+    run_in_two_parts,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -73,12 +79,6 @@ def problem(
     return {n: (x if x is None else x.to(dtype)) for n, x in p.items()}
 
 
-def resets(B, T, *positions):
-    """A (B, T) reset mask with True at each (row, t) given."""
-    r = torch.zeros(B, T, dtype=torch.bool)
-    for b, t in positions:
-        r[b, t] = True
-    return r
 
 
 def run(p, **kw):
@@ -88,14 +88,7 @@ def run(p, **kw):
 
 
 def run_with_grads(p, **kw):
-    """(o, S_T, grads of every input) of a random linear loss on o and S_T, drawn by shape."""
-    leaves = {n: x.detach().clone().requires_grad_() for n, x in p.items() if x is not None}
-    o, S = run({**p, **leaves}, **kw)
-    g = torch.Generator().manual_seed(1)
-    loss = (o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum()
-    loss = loss + (S * torch.randn(S.shape, generator=g, dtype=S.dtype)).sum()
-    grads = torch.autograd.grad(loss, list(leaves.values()))
-    return o, S, dict(zip(leaves, grads, strict=True))
+    return outputs_and_grads(run, p, **kw)
 
 
 def assert_matches(a, b, tol=TOL64, max_tol=MAX64):
@@ -141,7 +134,7 @@ LADDER = [
 )
 def test_chunked_matches_naive_fp64(kw, chunk_size, reset_at, per_head):
     p = problem(**kw, per_head=per_head)
-    reset = resets(2, kw["T"], *reset_at) if reset_at else None
+    reset = reset_mask(2, kw["T"], *reset_at) if reset_at else None
     ref = run_with_grads(p, reset=reset, impl="naive")
     got = run_with_grads(p, reset=reset, chunk_size=chunk_size)
     assert got[0].dtype == got[1].dtype == torch.float64
@@ -156,7 +149,7 @@ def test_any_sub_chunk_gives_the_same_scores(monkeypatch, sub_chunk):
     divide the chunk, strong decays and resets: the same results as the per-step form."""
     monkeypatch.setattr(gl_chunked, "SUB_CHUNK", sub_chunk)
     p = problem(T=29, decay=(0.0, 20.0))
-    reset = resets(2, 29, (0, 0), (0, 11), (1, 6), (1, 7))
+    reset = reset_mask(2, 29, (0, 0), (0, 11), (1, 6), (1, 7))
     assert_matches(
         run_with_grads(p, reset=reset, chunk_size=13),
         run_with_grads(p, reset=reset, impl="naive"),
@@ -169,7 +162,7 @@ def test_gradcheck(monkeypatch, per_head):
     of two sub-chunks, a reset inside the second chunk)."""
     monkeypatch.setattr(gl_chunked, "SUB_CHUNK", 2)
     p = problem(B=1, T=7, H=1, K=2, V=2, decay=(0.2, 1.0), per_head=per_head)
-    reset = resets(1, 7, (0, 5))
+    reset = reset_mask(1, 7, (0, 5))
     leaves = [p[n].clone().requires_grad_() for n in NAMES]
 
     def f(q, k, v, log_decay, state):
@@ -208,7 +201,7 @@ def test_fp32_chunked_against_fp64_naive(decay, per_head):
 def test_per_head_decay_equals_the_same_decay_on_every_channel(impl):
     p = problem(T=45, per_head=True, decay=(0.0, 3.0))
     wide = {**p, "log_decay": p["log_decay"][..., None].expand(p["q"].shape).contiguous()}
-    reset = resets(2, 45, (0, 20), (1, 0))
+    reset = reset_mask(2, 45, (0, 20), (1, 0))
     a = run_with_grads(p, reset=reset, chunk_size=32, impl=impl)
     b = run_with_grads(wide, reset=reset, chunk_size=32, impl=impl)
     assert_rel(a[0], b[0], TOL64, "o", MAX64)
@@ -234,9 +227,6 @@ dims = st.fixed_dictionaries(
 SETTINGS = settings(max_examples=15, deadline=None)
 
 
-def random_resets(B, T, seed, p=0.1):
-    g = torch.Generator().manual_seed(seed + 1)
-    return torch.rand(B, T, generator=g) < p
 
 
 @SETTINGS
@@ -258,14 +248,8 @@ def test_split_and_carry_equals_one_pass(d, frac, with_resets):
     T, cut = d["T"], int(frac * d["T"])
     reset = random_resets(d["B"], T, d["seed"]) if with_resets else None
     o_full, S_full = run(p, reset=reset, chunk_size=20)
-    state, outs = p["initial_state"], []
-    for lo, hi in ((0, cut), (cut, T)):
-        if hi > lo:
-            part = {n: p[n][:, lo:hi] for n in NAMES[:4]}
-            part_reset = None if reset is None else reset[:, lo:hi]
-            o, state = run(dict(part, initial_state=state), reset=part_reset, chunk_size=20)
-            outs.append(o)
-    assert_rel(torch.cat(outs, 1), o_full, 1e-12, "o")
+    o, state = run_in_two_parts(run, p, NAMES[:4], cut, reset, chunk_size=20)
+    assert_rel(o, o_full, 1e-12, "o")
     assert_rel(state, S_full, 1e-12, "final state")
 
 
@@ -273,7 +257,7 @@ def test_split_and_carry_equals_one_pass(d, frac, with_resets):
 def test_decode_steps_equal_the_chunked_forward(per_head):
     """T = 1 steps of the naive form (the decode path), carrying the state, equal one pass."""
     p = problem(T=40, per_head=per_head)
-    reset = resets(2, 40, (0, 7), (1, 17), (1, 18))
+    reset = reset_mask(2, 40, (0, 7), (1, 17), (1, 18))
     o_full, S_full = run(p, reset=reset, chunk_size=32)
     state, outs = p["initial_state"], []
     for t in range(40):
@@ -306,7 +290,7 @@ def test_fullgraph_compile_matches_eager(per_head):
     torch._dynamo.reset()
     compiled = torch.compile(gated_linear_attention, fullgraph=True, backend="aot_eager")
     p = problem(T=45, per_head=per_head, dtype=torch.float32)
-    reset = resets(2, 45, (0, 0), (1, 9), (1, 40))
+    reset = reset_mask(2, 45, (0, 0), (1, 9), (1, 40))
     leaves = {n: x.clone().requires_grad_() for n, x in p.items()}
     args = [leaves[n] for n in NAMES[:4]]
     kw = dict(initial_state=leaves["initial_state"], reset=reset, chunk_size=32)
