@@ -11,6 +11,7 @@ T = 1, through the same recurrence) and document resets live here.
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -50,10 +51,15 @@ def inverse_softplus_steps(num: int, dt_min: float, dt_max: float) -> torch.Tens
         raise ValueError(f"dt_min, dt_max: expected 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
     u = torch.rand(num)
     dt = torch.exp(u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
-    return dt + torch.log(-torch.expm1(-dt))
+    return inverse_softplus(dt)
 
 
-class LinearStateMixer(CachedMixer):
+def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    """b with softplus(b) = y (y > 0)."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+class LinearStateMixer(CachedMixer, abc.ABC):
     """Base of the mixers whose state is one (K, V) matrix per head.
 
     query, key: Branches of H_qk heads of K (H_qk divides H: Mamba-2 shares one across all
@@ -87,13 +93,13 @@ class LinearStateMixer(CachedMixer):
         self.chunk_size = chunk_size
 
     # what a subclass defines ------------------------------------------------------------------
+    @abc.abstractmethod
     def gates(self, x: torch.Tensor) -> dict:
         """x: (B, T, d) -> the recurrence's per-token gates."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def recurrence(self, q, k, v, gates: dict, state, reset, impl: str):
         """q, k: (B, T, H, K); v: (B, T, H, V) -> (o (B, T, H, V), S_T (B, H, K, V))."""
-        raise NotImplementedError
 
     def skip(self, o: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """o, v: (B, T, H, V) -> o plus any direct path from the values (none here)."""

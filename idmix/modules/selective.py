@@ -21,6 +21,7 @@ from torch import nn
 
 from ..functional import discretize_real, interdomain_decode_step_real
 from .compose import ssm_mixer
+from .linear_state import inverse_softplus
 from .mixer import SSMMixer
 from .parts import SSMArgs
 from .readouts import QueryReadout
@@ -103,7 +104,7 @@ class SelectiveQueryReadout(PerTokenDecayReadout):
         """a, b: (B, T, H, d_h) -> (lam_ri, beta_ri): (B, T, H, M, 2) fp32."""
         with torch.autocast(a.device.type, enabled=False):
             base = torch.exp(core.log_dt.float())  # (H,): the core's Δ
-            bias = base + torch.log(-torch.expm1(-base))  # softplus⁻¹(Δ)
+            bias = inverse_softplus(base)
             z = torch.cat([a, b], -1).float()
             dt = F.softplus((z * self.dt_weight.float()).sum(-1) + bias)  # (B, T, H)
             return discretize_real(dt, core.log_A_real.float(), core.A_imag.float())
