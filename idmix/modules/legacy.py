@@ -37,13 +37,19 @@ RENAMED_KEYS = {
 }
 
 
-def upgrade_state_dict(state_dict: dict) -> dict:
+def upgrade_state_dict(state_dict: dict, expected=None) -> dict:
     """A state dict saved by an earlier layout, with ``RENAMED_KEYS`` moved to their new names
-    (any prefix; in place, and returned). Newer state dicts pass unchanged."""
+    (any prefix; in place, and returned). Newer state dicts pass unchanged. expected: the keys of
+    the model it is for, if known: then only a key the model lacks moves, and only to a key it
+    has (a module of another kind may use an old name, e.g. ``out_norm``, as its own)."""
     for key in list(state_dict):
+        if expected is not None and key in expected:
+            continue
         for old, new in RENAMED_KEYS.items():
             head = key[: -len(old)]
             if key.endswith(old) and not key.endswith(new) and (not head or head.endswith(".")):
+                if expected is not None and head + new not in expected:
+                    continue
                 if head + new not in state_dict:
                     state_dict[head + new] = state_dict.pop(key)
     return state_dict

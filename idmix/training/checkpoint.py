@@ -333,7 +333,7 @@ def load_exported_model(path, device="cpu"):
     check_no_resolvers(saved["model_config"], f"checkpoint {str(path)!r}", "model_config")
     check_model_config(saved["model_config"], f"checkpoint {str(path)!r}")
     model = config.instantiate(DictConfig(saved["model_config"]))
-    upgrade_state_dict(saved["model"])  # exports from before the composition redesign
+    upgrade_state_dict(saved["model"], model.state_dict().keys())  # exports of older layouts
     check_compatible(model, saved["model"], f"checkpoint {str(path)!r}")
     model.load_state_dict(saved["model"])
     return model.to(device).eval()
