@@ -76,8 +76,6 @@ def problem(
     return {n: (x if x is None else x.to(dtype)) for n, x in p.items()}
 
 
-
-
 def run(p, **kw):
     return gated_delta_rule(
         p["q"], p["k"], p["v"], p["beta"], p["log_decay"], initial_state=p["initial_state"], **kw
@@ -180,8 +178,6 @@ dims = st.fixed_dictionaries(
     )
 )
 SETTINGS = settings(max_examples=20, deadline=None)
-
-
 
 
 @SETTINGS

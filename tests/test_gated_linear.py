@@ -79,8 +79,6 @@ def problem(
     return {n: (x if x is None else x.to(dtype)) for n, x in p.items()}
 
 
-
-
 def run(p, **kw):
     return gated_linear_attention(
         p["q"], p["k"], p["v"], p["log_decay"], initial_state=p["initial_state"], **kw
@@ -225,8 +223,6 @@ dims = st.fixed_dictionaries(
     )
 )
 SETTINGS = settings(max_examples=15, deadline=None)
-
-
 
 
 @SETTINGS
