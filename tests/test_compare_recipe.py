@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from idmix.evaluation.compare import rate_beyond_edge
+
 ROOT = Path(__file__).resolve().parent.parent
 TUNE = str(Path(sys.executable).with_name("tune"))
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -25,6 +27,7 @@ def toy_config(tmp_path: Path, **changes) -> Path:
                       eval_every_n_steps=3, eval_batches=1)  # fmt: skip
     c.context_tokens, c.context_multiples, c.diagnostic_rows = 256, [1, 2], 1
     c.reference = "softmax"
+    c.extend_sweep = 1
     c.mixers = {
         "interdomain": {"model": {"_component_": "idmix.models.interdomain_tiny", "num_layers": 1},
                         "lrs": [1e-3, 3e-3]},
@@ -52,7 +55,8 @@ def test_compare_writes_table_json_and_plots_then_reuses_runs(tmp_path):
     assert "Learning-rate sweep" in md and "Mixer output RMS" in md and "core.C_re" in md
     data = json.loads((study / "compare.json").read_text())
     inter = data["results"]["interdomain"]
-    assert len(inter["sweep"]) == 2
+    # a sweep of two rates always has its best at an edge: extend_sweep=1 adds the next one
+    assert sorted(map(float, inter["sweep"]))[::2] in ([3.3e-4, 3e-3], [1e-3, 9e-3])
     assert [r["seed"] for r in inter["runs"]] == [0, 1]  # both seeds at the chosen rate
     assert len({r["lr"] for r in inter["runs"]}) == 1
     for r in inter["runs"]:
@@ -62,12 +66,20 @@ def test_compare_writes_table_json_and_plots_then_reuses_runs(tmp_path):
     assert summary["softmax"]["vs_reference"] == pytest.approx(1.0)
     for name in ("compare_curves.png", "compare_context.png"):
         assert (study / name).read_bytes()[:8] == PNG
-    # 3 sweep/seed runs for interdomain + 2 for softmax, each in its own directory
-    assert len(list((study / "runs").glob("*/lr*/seed*/model_final.pt"))) == 5
+    # 4 sweep/seed runs for interdomain + 2 for softmax, each in its own directory
+    assert len(list((study / "runs").glob("*/lr*/seed*/model_final.pt"))) == 6
     # a second run with overwrite reuses every finished run instead of training again
     again = run(toy_config(tmp_path), "overwrite=True")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("reusing the finished run") == 5
+    assert again.stdout.count("reusing the finished run") == 6
+
+
+def test_rate_beyond_edge_continues_the_spacing_only_from_an_edge():
+    rates = [1e-3, 3e-3, 6e-3]
+    assert rate_beyond_edge(rates, 6e-3) == 1.2e-2
+    assert rate_beyond_edge(rates, 1e-3) == 3.3e-4
+    assert rate_beyond_edge(rates, 3e-3) is None
+    assert rate_beyond_edge([3e-3], 3e-3) is None
 
 
 @pytest.mark.parametrize(
@@ -77,6 +89,7 @@ def test_compare_writes_table_json_and_plots_then_reuses_runs(tmp_path):
         ({"mixers.softmax.lrs": [1e-3]}, "exactly one of lr or lrs"),
         ({"training.optimizer.lr": 1e-3}, "set the rate per mixer"),
         ({"seeds": [0, 0]}, "distinct seeds"),
+        ({"extend_sweep": -1}, "extend_sweep: expected an integer >= 0"),
         ({"training.oops": 1}, "config.training: unknown keys ['oops']"),
     ],
 )

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchtune import config
 
 from ..training import checkpoint as ckpt
-from ..training.config_checks import check_keys
+from ..training.config_checks import check_keys, integer
 from ..training.pretrain_config import check_training_section
 from ..training.trainer import Trainer
 from .diagnostics import output_rms_by_position, ssm_gradient_stats
@@ -23,9 +23,11 @@ from .extrapolation import perplexity_by_context, token_stream
 KEYS = {
     "output_dir", "overwrite", "device", "seeds", "tokenizer", "dataset", "validation_dataset",
     "mixers", "reference", "training", "context_multiples", "context_tokens", "eval_batch_size",
-    "diagnostic_rows", "sweep",
+    "diagnostic_rows", "sweep", "extend_sweep",
 }  # fmt: skip
-OPTIONAL_KEYS = {"sweep"}  # a list of rates the entries' lrs may interpolate (${sweep})
+# sweep: a list of rates the entries' lrs may interpolate (${sweep}); extend_sweep: how many
+# rates an entry's sweep may add beyond its edges while its best rate sits at one (default 0)
+OPTIONAL_KEYS = {"sweep", "extend_sweep"}
 MIXER_KEYS = {"model", "lr", "lrs"}
 # what this recipe sets in each run's pretraining config; `training` holds the rest
 SET_PER_RUN = {
@@ -53,6 +55,7 @@ def check_config(cfg: DictConfig) -> None:
         raise ValueError(f"config: seeds: expected distinct seeds, got {list(cfg.seeds)}")
     if cfg.training.get("lr") is not None or "lr" in cfg.training.get("optimizer", {}):
         raise ValueError("config.training.optimizer.lr: set the rate per mixer (lr or lrs)")
+    integer(cfg, "extend_sweep", 0, "config.", optional=True)
     if 1 not in cfg.context_multiples:
         raise ValueError("config: context_multiples must include 1 (the training length)")
 
@@ -113,6 +116,16 @@ def _comparable(run_cfg: DictConfig) -> dict:
     return d
 
 
+def rate_beyond_edge(rates: list[float], best: float) -> float | None:
+    """The next rate past the edge of the sorted sweep ``rates`` where ``best`` sits, continuing
+    the spacing of the two outermost rates (two significant digits); None when best is inside
+    or the sweep has one rate."""
+    if len(rates) < 2 or best not in (rates[0], rates[-1]):
+        return None
+    edge, neighbour = (rates[-1], rates[-2]) if best == rates[-1] else (rates[0], rates[1])
+    return float(f"{edge * edge / neighbour:.2g}")
+
+
 def _tail_loss(history: list[dict]) -> float:
     n = max(1, math.ceil(len(history) * SELECTION_TAIL))
     return statistics.fmean(h["loss"] for h in history[-n:])
@@ -151,10 +164,14 @@ def study(cfg: DictConfig, out: Path) -> dict:
     for name, entry in cfg.mixers.items():
         lrs = list(entry.lrs) if "lrs" in entry else [entry.lr]
         first, sweep = {}, {}
-        for lr in lrs:  # the sweep, on the first seed
-            run = _train_run(cfg, out, name, lr, cfg.seeds[0])
-            sweep[lr], first[lr] = _tail_loss(run["history"]), run
-        best = min(sweep, key=sweep.get)
+        extensions = cfg.get("extend_sweep") or 0
+        while lrs:  # the sweep, on the first seed
+            for lr in lrs:
+                run = _train_run(cfg, out, name, lr, cfg.seeds[0])
+                sweep[lr], first[lr] = _tail_loss(run["history"]), run
+            best = min(sweep, key=sweep.get)
+            beyond = rate_beyond_edge(sorted(sweep), best) if extensions else None
+            lrs, extensions = ([beyond], extensions - 1) if beyond else ([], 0)
         runs = [first[best]] + [_train_run(cfg, out, name, best, s) for s in cfg.seeds[1:]]
         for run in runs:
             run.update(_evaluate(run.pop("model"), cfg, stream, lengths))
