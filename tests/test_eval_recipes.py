@@ -28,7 +28,7 @@ def tune_run(recipe, config, *overrides):
 CONFIGS_OF = {
     "evaluate": ["eval_tiny", "eval_paper_suite", "eval_own_data"],
     "length_extrapolation": ["length_extrapolation_tiny", "length_extrapolation_own_data"],
-    "train_recall": ["recall_tiny", "recall_mqar"],
+    "train_recall": ["recall_tiny", "recall_mqar", "recall_baselines_tiny"],
     "quantize_interdomain": ["quantize_tiny", "quantize_own_data"],
     "generate": ["generate_tiny"],
     "compare_mixers": ["compare_tiny", "compare_small", "compare_baselines_tiny"],
@@ -103,7 +103,7 @@ def test_train_recall_recipe(tmp_path):
             "model.num_heads=2",
             "model.num_layers=1",
             "model.num_modes=4",
-            "mixers=[interdomain,softmax]",
+            "mixers=[interdomain, softmax, {gla: {value_dim: 32}}]",
             "batch_size=2",
             "steps=3",
             "warmup_steps=1",
@@ -118,7 +118,11 @@ def test_train_recall_recipe(tmp_path):
     )
     assert "MQAR" in stdout and "Sweep: mean validation exact match" in stdout
     results = json.loads((out_dir / "recall.json").read_text())
-    assert set(results) == {"interdomain", "softmax"}
+    assert set(results) == {"interdomain", "softmax", "gla"}
+    # the entry's own option reaches its model: 2 heads × 16 keys × 32 values (default 16)
+    assert results["gla"]["options"] == {"value_dim": 32}
+    assert results["gla"]["state_floats"] == [1024] and results["softmax"]["state_floats"] == [None]
+    assert "| gla | {'value_dim': 32} |" in stdout and "1,024 ×1" in stdout
     assert set(results["softmax"]["scores"]["phonebook"]) == {"16@128"}
     assert set(results["softmax"]["scores"]["passkey"]) == {"32", "128"}
     assert set(results["softmax"]["sweep"]) == {"0.001", "0.003"}
@@ -141,6 +145,9 @@ def test_train_recall_recipe(tmp_path):
         ),
         ("vocab_size=8192", "model: vocab_size 512 < the probes' vocab_size 8192"),
         ("lrs=[]", "lrs: expected a list of positive rates"),
+        ("mixers=[gla, gla]", "mixers\\[1\\]: 'gla' is listed twice"),
+        ("mixers=[{gla: 3}]", "mixers\\[0\\].gla: expected a mapping of model options"),
+        ("mixers=[[gla]]", "mixers\\[0\\]: expected a mixer name or"),
         ("lrs=[1e-3,-1]", "lrs\\[1\\]: expected a finite number in \\(0, inf\\], got -1"),
     ],
 )

@@ -10,10 +10,11 @@ import statistics
 import time
 
 import torch
-from omegaconf import ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torchtune import config
 from tqdm import tqdm
 
+from ..models.state_size import recurrent_state_floats
 from ..training.config_checks import check_keys, integer, number, numbers, one_of
 from ..training.optim import param_groups, warmup_cosine
 from ..training.plots import line_plot
@@ -127,12 +128,38 @@ def _mean(scores: dict[str, dict[str, float]]) -> float:
     return statistics.fmean(v for s in scores.values() for v in s.values())
 
 
-def sweep(cfg, mixer: str, train_settings, eval_settings) -> dict:
-    """Train `mixer` at every lr; keep the best on the validation draw, report its test draw."""
+def mixer_entries(cfg) -> dict[str, dict]:
+    """{mixer name: its own model options} of the `mixers` list, whose entries are a registered
+    name or a one-key mapping {name: {option: value}} (e.g. ``{gla: {value_dim: 128}}``, to match
+    a baseline's state to the others'); checked."""
+    entries = {}
+    for i, entry in enumerate(cfg.get("mixers") or []):
+        if isinstance(entry, str):
+            name, options = entry, {}
+        elif isinstance(entry, DictConfig) and len(entry) == 1:
+            name, options = next(iter(entry.items()))
+            if not isinstance(options, DictConfig):
+                raise ValueError(f"mixers[{i}].{name}: expected a mapping of model options")
+            options = OmegaConf.to_container(options, resolve=True)
+        else:
+            raise ValueError(
+                f"mixers[{i}]: expected a mixer name or {{name: {{options}}}}, got {entry!r}"
+            )
+        if name in entries:
+            raise ValueError(f"mixers[{i}]: {name!r} is listed twice")
+        entries[name] = options
+    if not entries:
+        raise ValueError("config: mixers: expected a non-empty list of mixer names")
+    return entries
+
+
+def sweep(cfg, mixer: str, options: dict, train_settings, eval_settings) -> dict:
+    """Train `mixer` (with its model `options`) at every lr; keep the best on the validation
+    draw, report its test draw."""
     runs = {}
     for lr in cfg.lrs:
         torch.manual_seed(cfg.seed)
-        model = config.instantiate(cfg.model, mixer=mixer).to(cfg.device)
+        model = config.instantiate(cfg.model, mixer=mixer, **options).to(cfg.device)
         check(cfg, model, train_settings, eval_settings)
         g = torch.Generator().manual_seed(cfg.seed)
         loss = train(model, cfg, lr, train_settings, g, random.Random(cfg.seed), f"{mixer} {lr:g}")
@@ -141,6 +168,9 @@ def sweep(cfg, mixer: str, train_settings, eval_settings) -> dict:
     best = max(runs, key=lambda lr: (runs[lr]["val"], -runs[lr]["loss"]))
     return {
         "lr": best,
+        "options": options,
+        "parameters": sum(p.numel() for p in runs[best]["model"].parameters()),
+        "state_floats": recurrent_state_floats(runs[best]["model"]),
         "final_train_loss": runs[best]["loss"],
         "sweep": {str(lr): {"val": r["val"], "loss": r["loss"]} for lr, r in runs.items()},
         "scores": evaluate(runs[best]["model"], cfg, eval_settings, cfg.seed + 1),
@@ -151,7 +181,12 @@ def report(cfg, results: dict, eval_settings) -> str:
     table = (
         f"Exact-match accuracy on {cfg.eval_examples} test rows per cell (size@seq_len), "
         f"{cfg.steps} training steps, probe vocabulary {cfg.vocab_size}; each mixer at the "
-        "learning rate with the best mean exact match on a separate validation draw.\n"
+        "learning rate with the best mean exact match on a separate validation draw.\n\n"
+        + markdown_table(
+            ["mixer", "model options", "parameters", "state floats per layer"],
+            [[m, r["options"] or "–", r["parameters"], _state(r["state_floats"])]
+             for m, r in results.items()],
+        )  # fmt: skip
     )
     for task in dict.fromkeys(t for t, _, _ in eval_settings):
         cells = list(next(iter(results.values()))["scores"][task])
@@ -167,6 +202,12 @@ def report(cfg, results: dict, eval_settings) -> str:
         + markdown_table(["mixer", *rates], rows)
     )
     return table
+
+
+def _state(per_layer: list) -> str:
+    """A model's per-layer state floats, e.g. "16,384 ×2" or "8,192 / KV"."""
+    parts = ["KV" if n is None else f"{n:,}" for n in per_layer]
+    return f"{parts[0]} ×{len(parts)}" if len(set(parts)) == 1 else " / ".join(parts)
 
 
 def plot(cfg, results: dict, eval_settings, out) -> None:
@@ -193,6 +234,7 @@ def check_config(cfg) -> tuple[list, list]:
     """Every key and number of the config, before anything runs; returns the checked `train`
     and `evaluate` settings."""
     check_keys(cfg, KEYS)
+    mixer_entries(cfg)
     train_settings, eval_settings = settings(cfg)
     numbers(cfg, "lrs", 0, low_open=True, expected="a list of positive rates")
     for key in ("batch_size", "steps", "eval_examples"):
