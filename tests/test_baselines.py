@@ -56,14 +56,20 @@ def test_softmax_every_out_of_range_is_refused_by_name(every):
 
 
 def test_the_study_config_names_a_builder_and_the_same_sweep_for_every_entry():
-    cfg = OmegaConf.load("recipes/configs/compare_baselines_tiny.yaml")
+    """...and every entry, with its overrides, within ±1% of interdomain_tiny's parameters."""
+    from torchtune import config
+
     from idmix.evaluation.compare import check_config
 
+    cfg = OmegaConf.load("recipes/configs/compare_baselines_tiny.yaml")
     check_config(cfg)
+    reference = sum(p.numel() for p in models.interdomain_tiny().parameters())
     for name, entry in cfg.mixers.items():
         assert list(entry.lrs) == list(cfg.sweep), name
         module, _, builder = entry.model._component_.rpartition(".")
         assert module == "idmix.models" and builder in models.MODEL_BUILDERS, name
+        params = sum(p.numel() for p in config.instantiate(entry.model).parameters())
+        assert abs(params / reference - 1) <= 0.01, (name, params)
 
 
 def test_the_prose_corpus_splits_by_name_and_holds_english_text():
