@@ -31,7 +31,12 @@ CONFIGS_OF = {
     "train_recall": ["recall_tiny", "recall_mqar", "recall_baselines_tiny"],
     "quantize_interdomain": ["quantize_tiny", "quantize_own_data"],
     "generate": ["generate_tiny"],
-    "compare_mixers": ["compare_tiny", "compare_small", "compare_baselines_tiny"],
+    "compare_mixers": [
+        "compare_tiny",
+        "compare_small",
+        "compare_baselines_tiny",
+        "compare_baselines_small",
+    ],
 }
 
 
