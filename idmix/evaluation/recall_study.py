@@ -184,9 +184,11 @@ def report(cfg, results: dict, eval_settings) -> str:
         "learning rate with the best mean exact match on a separate validation draw.\n\n"
         + markdown_table(
             ["mixer", "model options", "parameters", "state floats per layer"],
-            [[m, r["options"] or "–", r["parameters"], _state(r["state_floats"])]
-             for m, r in results.items()],
-        )  # fmt: skip
+            [
+                [m, r["options"] or "–", r["parameters"], _state(r["state_floats"])]
+                for m, r in results.items()
+            ],
+        )
     )
     for task in dict.fromkeys(t for t, _, _ in eval_settings):
         cells = list(next(iter(results.values()))["scores"][task])
