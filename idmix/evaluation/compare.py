@@ -163,20 +163,32 @@ def study(cfg: DictConfig, out: Path) -> dict:
     results = {}
     for name, entry in cfg.mixers.items():
         lrs = list(entry.lrs) if "lrs" in entry else [entry.lr]
-        first, sweep = {}, {}
-        extensions = cfg.get("extend_sweep") or 0
-        while lrs:  # the sweep, on the first seed
-            for lr in lrs:
-                run = _train_run(cfg, out, name, lr, cfg.seeds[0])
-                sweep[lr], first[lr] = _tail_loss(run["history"]), run
-            best = min(sweep, key=sweep.get)
-            beyond = rate_beyond_edge(sorted(sweep), best) if extensions else None
-            lrs, extensions = ([beyond], extensions - 1) if beyond else ([], 0)
+        first, sweep = _sweep(cfg, out, name, lrs)
+        best = min(sweep, key=sweep.get)
         runs = [first[best]] + [_train_run(cfg, out, name, best, s) for s in cfg.seeds[1:]]
         for run in runs:
             run.update(_evaluate(run.pop("model"), cfg, stream, lengths))
         results[name] = {"lr": best, "sweep": sweep, "runs": runs}
     return results
+
+
+def _sweep(cfg, out: Path, name: str, lrs: list[float]) -> tuple[dict, dict]:
+    """The sweep on the first seed: ({lr: run}, {lr: tail training loss}) at every rate of lrs,
+    then up to cfg.extend_sweep rates past the edge while the best sits there."""
+    first, sweep = {}, {}
+
+    def try_rate(lr: float) -> None:
+        first[lr] = _train_run(cfg, out, name, lr, cfg.seeds[0])
+        sweep[lr] = _tail_loss(first[lr]["history"])
+
+    for lr in lrs:
+        try_rate(lr)
+    for _ in range(cfg.get("extend_sweep") or 0):
+        beyond = rate_beyond_edge(sorted(sweep), min(sweep, key=sweep.get))
+        if beyond is None:
+            break
+        try_rate(beyond)
+    return first, sweep
 
 
 def _train_run(cfg, out: Path, name: str, lr: float, seed: int) -> dict:
