@@ -72,6 +72,19 @@ def test_the_study_config_names_a_builder_and_the_same_sweep_for_every_entry():
         assert abs(params / reference - 1) <= 0.01, (name, params)
 
 
+def test_the_small_study_config_holds_every_entry_within_one_percent_of_interdomain_small():
+    from torchtune import config
+
+    from idmix.evaluation.compare import check_config
+
+    cfg = OmegaConf.load("recipes/configs/compare_baselines_small.yaml")
+    check_config(cfg)
+    reference = sum(p.numel() for p in models.interdomain_small().parameters())
+    for name, entry in cfg.mixers.items():
+        params = sum(p.numel() for p in config.instantiate(entry.model).parameters())
+        assert abs(params / reference - 1) <= 0.01, (name, params)
+
+
 def test_the_prose_corpus_splits_by_name_and_holds_english_text():
     train, val = python_docs("train"), python_docs("validation")
     assert len(train) > 10 * len(val) > 0
