@@ -1,6 +1,7 @@
 """Checks of the Triton kernels against the PyTorch paths, as a script: the interpreter must be
 switched on (TRITON_INTERPRET=1) before triton decorates the kernels, so tests run this in a
-fresh process. Usage: python tests/kernel_checks.py [cpu|cuda]. Exits non-zero on failure."""
+fresh process. Usage: python tests/kernel_checks.py [cpu|cuda] [--keep-going]. Exits non-zero
+on failure."""
 
 from __future__ import annotations
 
@@ -411,25 +412,54 @@ def check_selective(device: str) -> None:
         assert_rel(runs["triton"][0], naive, 1e-4, f"triton vs naive {case}")
 
 
+def check_under_poisoned_allocations(device: str) -> None:
+    """The decode and chunked checks again with every fresh buffer reading as NaN, so a kernel
+    that leaves part of its output unwritten fails."""
+    with PoisonEmpty() as mode:
+        check_decode(device)
+        check_real_decode(device)
+        check_chunked(device)
+        check_selective(device)
+    assert mode.poisoned > 0
+
+
+CHECKS = [  # the widest first, so a run stopped at a time cap has done the most
+    check_chunked, check_selective, check_chunked_precisions, check_selective_precisions,
+    check_decode, check_real_decode, check_decode_compiles, check_intra_passes_alone,
+    check_nonfinite, check_varlen, check_chunked_compiles_and_exports,
+    check_under_poisoned_allocations,
+]  # fmt: skip
+
+
+def run_all(device: str, keep_going: bool) -> int:
+    """Every check in turn, each timed; with keep_going a failure is reported and the rest
+    still run (a first GPU run shows every problem at once). Returns the number failed."""
+    import time
+    import traceback
+
+    failed = 0
+    for check in CHECKS:
+        start = time.perf_counter()
+        try:
+            check(device)
+        except Exception:
+            if not keep_going:
+                raise
+            failed += 1
+            print(f"FAIL {check.__name__} ({time.perf_counter() - start:.1f} s)")
+            print(traceback.format_exc()[-4000:], flush=True)
+            continue
+        print(f"ok   {check.__name__} ({time.perf_counter() - start:.1f} s)", flush=True)
+    return failed
+
+
 if __name__ == "__main__":
     dev = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     if "--large" in sys.argv:
         check_chunked(dev, CPU_LARGE_CASES)
         print("kernel checks passed")
         sys.exit(0)
-    check_decode(dev)
-    check_real_decode(dev)
-    check_decode_compiles(dev)
-    check_intra_passes_alone(dev)
-    with PoisonEmpty() as mode:  # every buffer a kernel leaves unwritten reads as NaN
-        check_decode(dev)
-        check_real_decode(dev)
-        check_chunked(dev)
-        check_selective(dev)
-    assert mode.poisoned > 0
-    check_chunked_precisions(dev)
-    check_selective_precisions(dev)
-    check_nonfinite(dev)
-    check_varlen(dev)
-    check_chunked_compiles_and_exports(dev)
+    n_failed = run_all(dev, keep_going="--keep-going" in sys.argv)
+    if n_failed:
+        sys.exit(f"{n_failed} of {len(CHECKS)} kernel checks failed")
     print("kernel checks passed")
