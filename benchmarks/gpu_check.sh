@@ -3,7 +3,8 @@
 # PyTorch path on the GPU (tests/kernel_checks.py: every kernel, shape, dtype and precision), then
 # the benchmark against SDPA's flash backend and the decode step (benchmarks/bench_gpu.py),
 # which writes benchmarks/results/h200.md (or $OUT/h200.md when $OUT is set: the device tool's
-# folder that comes back). Meant to finish in under 8 minutes on an H200.
+# folder that comes back), then each kernel's share of the time (benchmarks/profile_gpu.py,
+# h200_profile.md). Meant to finish in under 8 minutes on an H200.
 #
 #   bash benchmarks/gpu_check.sh             # on the GPU machine, from the repository root
 #   bash benchmarks/gpu_check.sh --dry-run   # the same steps on CPU, tiny, in the interpreter
@@ -22,6 +23,7 @@ py=${PYTHON:-python3}
 start=$(date +%s)
 if [[ "${1:-}" == "--dry-run" ]]; then
     "$py" benchmarks/bench_gpu.py --dry-run --markdown "$out/h200.md"
+    "$py" benchmarks/profile_gpu.py --dry-run --markdown "$out/h200_profile.md"
     exit 0
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
@@ -32,17 +34,20 @@ PY
 # Each stage has its own time cap, so a slow first stage still leaves the benchmark its turn;
 # the kernel checks keep going past a failure and print every one.
 set +e
-timeout "${CHECKS_SECONDS:-360}" "$py" tests/kernel_checks.py cuda --keep-going 2>&1 \
+timeout "${CHECKS_SECONDS:-300}" "$py" tests/kernel_checks.py cuda --keep-going 2>&1 \
     | tee "$out/gpu_tests.txt"
 tests=${PIPESTATUS[0]}
 echo "kernel checks: exit $tests after $(( $(date +%s) - start )) s"
 timeout "${BENCH_SECONDS:-100}" "$py" benchmarks/bench_gpu.py --markdown "$out/h200.md" 2>&1 \
     | tee "$out/bench_gpu.txt"
 bench=${PIPESTATUS[0]}
+timeout "${PROFILE_SECONDS:-60}" "$py" benchmarks/profile_gpu.py --markdown "$out/h200_profile.md" \
+    2>&1 | tee "$out/profile_gpu.txt"
+profiled=${PIPESTATUS[0]}
 set -e
 { echo; echo "GPU kernel checks (tests/kernel_checks.py cuda --keep-going): exit $tests"; \
   grep -E "^(ok|FAIL) |kernel checks" "$out/gpu_tests.txt"; \
   for name in $("$py" -c 'from tests import kernel_checks as k; print(*(c.__name__ for c in k.CHECKS))'); do
       grep -qE "^(ok|FAIL) +$name " "$out/gpu_tests.txt" || echo "not reached: $name"; done; echo; \
-  echo "benchmark: exit $bench; whole run: $(( $(date +%s) - start )) s"; } >> "$out/h200.md"
-exit $(( tests || bench ))
+  echo "benchmark: exit $bench; profile: exit $profiled; whole run: $(( $(date +%s) - start )) s"; } >> "$out/h200.md"
+exit $(( tests || bench || profiled ))

@@ -1,5 +1,5 @@
-"""The prepared GPU run (benchmarks/gpu_check.sh) on CPU: its --dry-run takes the same steps
-through the Triton interpreter at tiny sizes and writes the report."""
+"""The prepared GPU run (benchmarks/gpu_check.sh) on CPU: its --dry-run takes the benchmark's
+and the profile's steps through the Triton interpreter at tiny sizes and writes both reports."""
 
 from __future__ import annotations
 
@@ -24,3 +24,7 @@ def test_gpu_check_dry_run_writes_the_report(tmp_path):
     for heading in ("## Training path", "## Decode step", "## Autotune choices"):
         assert heading in report
     assert "| 128 | 1 |" in report  # the dry run's one length, one row
+    profile = (tmp_path / "h200_profile.md").read_text()
+    for heading in ("## Forward+backward, T = 128, B = 1", "## Decode step"):
+        assert heading in profile
+    assert "idmix::chunked_backward" in profile  # the op's own backward, timed by name
