@@ -175,19 +175,28 @@ def autotune_choices() -> list[list[str]]:
     return rows
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_gpu_args(doc: str, argv, script: str):
+    """(args, device) of a GPU script: --markdown PATH, and --dry-run for the CPU under the
+    Triton interpreter; without it a CUDA device, or exit saying so."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--markdown", type=Path, help="write the report here")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     if args.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        device, heads, lengths, tokens, contexts, reps = "cpu", 2, (128,), 128, (64, 128), 1
-    elif torch.cuda.is_available():
-        device, heads, lengths, tokens, contexts, reps = "cuda", H, LENGTHS, TOKENS, CONTEXTS, 5
+        return args, "cpu"
+    if not torch.cuda.is_available():
+        sys.exit(f"{script} needs a CUDA device (or --dry-run)")
+    return args, "cuda"
+
+
+def main(argv=None):
+    args, device = parse_gpu_args(__doc__, argv, "bench_gpu.py")
+    if device == "cpu":
+        heads, lengths, tokens, contexts, reps = 2, (128,), 128, (64, 128), 1
     else:
-        sys.exit("bench_gpu.py needs a CUDA device (or --dry-run)")
+        heads, lengths, tokens, contexts, reps = H, LENGTHS, TOKENS, CONTEXTS, 5
     from idmix.functional import readout_gram
 
     t0 = time.perf_counter()

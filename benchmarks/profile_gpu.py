@@ -11,8 +11,6 @@ Shapes as bench_gpu.py: H = 16, R = D = M = 64, chunk 64, bf16 q, k, v, precisio
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 from collections import defaultdict
@@ -22,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu import D, L, R, _markdown, params  # noqa: E402
+from bench_gpu import D, H, L, R, _markdown, params, parse_gpu_args  # noqa: E402
 from common import print_table  # noqa: E402
 
 TOP = 12
@@ -88,18 +86,11 @@ def decode_case(device, heads, lam, beta, G):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--markdown", type=Path, help="write the report here")
-    args = ap.parse_args(argv)
-    torch.manual_seed(0)
-    if args.dry_run:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        device, heads, rows_of, calls = "cpu", 2, ((128, 1),), 1
-    elif torch.cuda.is_available():
-        device, heads, rows_of, calls = "cuda", 16, ((1024, 64), (65536, 1)), 3
+    args, device = parse_gpu_args(__doc__, argv, "profile_gpu.py")
+    if device == "cpu":
+        heads, rows_of, calls = 2, ((128, 1),), 1
     else:
-        sys.exit("profile_gpu.py needs a CUDA device (or --dry-run)")
+        heads, rows_of, calls = H, ((1024, 64), (65536, 1)), 3
     from idmix.functional import readout_gram
 
     lam, beta, C = params(device, heads)
