@@ -7,7 +7,7 @@
 # h200_profile.md). Meant to finish in under 8 minutes on an H200.
 #
 #   bash benchmarks/gpu_check.sh             # on the GPU machine, from the repository root
-#   bash benchmarks/gpu_check.sh --dry-run   # the same steps on CPU, tiny, in the interpreter
+#   bash benchmarks/gpu_check.sh --dry-run   # the benchmark and profile steps on CPU, tiny, interpreted
 #
 # It needs only torch and triton: idmix runs from the checkout (PYTHONPATH), with the
 # kernels package reachable as idmix_kernels through a link, so nothing is installed.
