@@ -227,6 +227,8 @@ def main(argv=None):
 def write_report(path: Path, device, heads, train, decode, decode_header, seconds) -> None:
     import triton
 
+    from idmix.evaluation.report import markdown_table
+
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
     lines = [
         f"# GPU benchmark: {name}",
@@ -238,26 +240,19 @@ def write_report(path: Path, device, heads, train, decode, decode_header, second
         "",
         "## Training path (the chunked op on the Triton kernels vs SDPA flash, causal)",
         "",
-        *_markdown(TRAINING_HEADER, train),
-        "",
+        markdown_table(TRAINING_HEADER, train),
         "## Decode step (B = 1, all heads; SDPA reads a bf16 KV cache of the context)",
         "",
-        *_markdown(decode_header, decode),
-        "",
+        markdown_table(decode_header, decode),
         "## Autotune choices",
         "",
-        *_markdown(["kernel", "key (first fields)", "config"], autotune_choices() or [["-"] * 3]),
-        "",
+        markdown_table(
+            ["kernel", "key (first fields)", "config"], autotune_choices() or [["-"] * 3]
+        ),
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     print(f"wrote {path}")
-
-
-def _markdown(header, rows):
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(r) + " |" for r in rows
-    ]
 
 
 if __name__ == "__main__":

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu import D, H, L, R, _markdown, params, parse_gpu_args  # noqa: E402
+from bench_gpu import D, H, L, R, params, parse_gpu_args  # noqa: E402
 from common import print_table  # noqa: E402
 
 TOP = 12
@@ -41,13 +40,12 @@ def kernel_table(fn, device, calls: int) -> tuple[list[list[str]], float]:
         if device == "cuda":
             torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) / calls
-    per_name = defaultdict(float)
-    for e in prof.key_averages():
-        us = e.self_device_time_total if device == "cuda" else e.self_cpu_time_total
-        if us > 0:
-            per_name[e.key] += us / calls
-    ranked = sorted(per_name.items(), key=lambda kv: -kv[1])
-    total = sum(per_name.values())
+    self_us = (
+        (e.key, e.self_device_time_total if device == "cuda" else e.self_cpu_time_total)
+        for e in prof.key_averages()  # one entry per name
+    )
+    ranked = sorted(((name, us / calls) for name, us in self_us if us > 0), key=lambda kv: -kv[1])
+    total = sum(us for _, us in ranked)
     rest = sum(us for _, us in ranked[TOP:])
     rows = [[name[:70], f"{us / 1e3:.3f}", f"{us / total:.1%}"] for name, us in ranked[:TOP]]
     if rest:
@@ -106,12 +104,14 @@ def main(argv=None):
     for title, rows in sections:
         print_table(title, header, rows)
     if args.markdown:
+        from idmix.evaluation.report import markdown_table
+
         name = torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)"
         lines = [f"# Where the time goes: {name}", "", f"torch {torch.__version__}; "
                  "written by `benchmarks/profile_gpu.py`. Device time per call of each kernel "
                  "(CPU time in a dry run), beside the call's wall time.", ""]  # fmt: skip
         for title, rows in sections:
-            lines += [f"## {title}", "", *_markdown(header, rows), ""]
+            lines += [f"## {title}", "", markdown_table(header, rows)]
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text("\n".join(lines))
         print(f"wrote {args.markdown}")

@@ -6,6 +6,8 @@ on failure."""
 from __future__ import annotations
 
 import sys
+import time
+import traceback
 
 import torch
 
@@ -434,9 +436,6 @@ CHECKS = [  # the widest first, so a run stopped at a time cap has done the most
 def run_all(device: str, keep_going: bool) -> int:
     """Every check in turn, each timed; with keep_going a failure is reported and the rest
     still run (a first GPU run shows every problem at once). Returns the number failed."""
-    import time
-    import traceback
-
     failed = 0
     for check in CHECKS:
         start = time.perf_counter()
