@@ -6,25 +6,35 @@ used. Importing it needs triton. On CPU the kernels run only under the Triton in
 set ``TRITON_INTERPRET=1`` before this package is imported.
 """
 
+from .chunk_input_grads import input_grads
 from .chunk_intra import intra_chunk_pass1, intra_chunk_pass2
 from .chunk_intra_bwd import intra_chunk_pass1_backward, intra_chunk_pass2_backward
-from .chunk_states import chunk_states, chunk_states_backward
+from .chunk_states import Containment, chunk_states, chunk_states_backward
+from .decay_tables import decay_tables, decay_tables_backward
 from .decode_step import decode_step_triton
+from .nonfinite import nonfinite_flags
 from .selective_intra import (
     selective_pair_grads,
     selective_pair_sums,
     selective_pass1,
     selective_pass2,
 )
+from .tiles import block
 
 __all__ = [
+    "Containment",
+    "block",
     "chunk_states",
     "chunk_states_backward",
+    "decay_tables",
+    "decay_tables_backward",
     "decode_step_triton",
+    "input_grads",
     "intra_chunk_pass1",
     "intra_chunk_pass1_backward",
     "intra_chunk_pass2",
     "intra_chunk_pass2_backward",
+    "nonfinite_flags",
     "selective_pair_grads",
     "selective_pair_sums",
     "selective_pass1",

@@ -1,5 +1,7 @@
 """The two intra-chunk passes of the chunked algorithm (docs/design.md §4) as Triton kernels, one
-program per (batch, head, chunk), for the forward of one segment (chunk_layout.py's layouts).
+program per (batch, head, chunk), for the forward of one segment. q, k, v and o are read and
+written by stride in their (B, T, H, ·) layout and dtype (chunk views, no copies); non-finite
+inputs are zeroed as they are loaded and the rows containment poisons written as NaN.
 
 pass 1:  p_t = λ^{t+1} ⊙ (Xᵏ_start q_t) + Σ_{s≤t} (q_t · k_s) β λ^{t-s}
          (then w̃ = Ĝ p, one batched GEMM outside the kernels)
@@ -15,7 +17,8 @@ BM (the autotuned block), so that a program holds (L, BM) tiles, never (L, M): p
 p block by block, pass 2 accumulates o and the (t, j) lag weights over the blocks and applies
 the shear once at the end. Every product is a tile `mma` at the PREC precision (bf16 or TF32
 on the tensor cores, or IEEE fp32); decays, states and accumulators stay fp32. Sequence starts
-(reset) become in-kernel masks from a cumulative count.
+(reset) become in-kernel masks from a cumulative count. p and w̃ may have any strides: the caller
+lays them out per head, so that w̃ = Ĝ p is one strided batched GEMM over heads.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from .tiles import (
     block,
     cmul,
     doc_masks,
+    finite,
     load_tile,
     mma,
     on_device,
@@ -39,11 +43,12 @@ from .tiles import (
     shear_in,
     shear_out,
     store_tile,
-    unit_last_stride,
 )
 
-_KEY_P1 = ["L", "R", "M", "HAS_RESET", "PREC"]
-_KEY_P2 = ["L", "D", "M", "HAS_RESET", "PREC"]
+# Keys: the chunk's block BL, never L, T or B: a ragged tail (L = T % chunk) reuses the main
+# chunk's tuned config and compiled kernel (L is not specialised on).
+_KEY_P1 = ["BL", "R", "M", "HAS_RESET", "PREC"]
+_KEY_P2 = ["BL", "D", "M", "HAS_RESET", "PREC"]
 _SPACE_P1 = Space(
     sm90=[(4, 8), (4, 16), (4, 32), (8, 8), (8, 16), (8, 32)], sm80=[(8, 8), (8, 16), (8, 32)]
 )
@@ -54,12 +59,12 @@ _SPACE_P2 = Space(
 
 
 @triton.autotune(configs=_SPACE_P1.configs, key=_KEY_P1, prune_configs_by=_SPACE_P1.prune)
-@triton.jit(do_not_specialize=["N"])
+@triton.jit(do_not_specialize=["N", "L"])
 def _pass1_kernel(
-    q_ptr, zT_ptr, st_ptr, dstart_ptr, dend_ptr, reset_ptr, p_ptr,
+    q_ptr, k_ptr, st_ptr, dstart_ptr, dend_ptr, reset_ptr, p_ptr,
     H, N, L, R, M,
     s_qb, s_qh, s_qn, s_ql,
-    s_zb, s_zh, s_zn, s_zc,
+    s_kb, s_kh, s_kn, s_kl,
     s_sb, s_sh, s_sn, s_sc,
     s_dh, s_dl,
     s_rb, s_rn,
@@ -69,8 +74,8 @@ def _pass1_kernel(
 ):  # fmt: skip
     b, h, n = program_bhn(H, N)
     ll, rr = tl.arange(0, BL), tl.arange(0, BR)
-    q = load_tile(q_ptr + b * s_qb + h * s_qh + n * s_qn, ll, rr, s_ql, 1, L, R)
-    kT = load_tile(zT_ptr + b * s_zb + h * s_zh + n * s_zn, rr, ll, s_zc, 1, R, L)
+    q = finite(load_tile(q_ptr + b * s_qb + h * s_qh + n * s_qn, ll, rr, s_ql, 1, L, R))
+    kT = finite(load_tile(k_ptr + b * s_kb + h * s_kh + n * s_kn, rr, ll, 1, s_kl, R, L))
     q, kT = operand(q, PREC), operand(kT, PREC)
     scores = mma(q, kT, None, PREC)  # (t, s)
     if HAS_RESET:
@@ -91,17 +96,18 @@ def _pass1_kernel(
 
 
 @triton.autotune(configs=_SPACE_P2.configs, key=_KEY_P2, prune_configs_by=_SPACE_P2.prune)
-@triton.jit(do_not_specialize=["N"])
+@triton.jit(do_not_specialize=["N", "L"])
 def _pass2_kernel(
-    w_ptr, zT_ptr, st_ptr, dstart_ptr, dend_ptr, reset_ptr, o_ptr,
+    w_ptr, v_ptr, st_ptr, dstart_ptr, dend_ptr, reset_ptr, poison_ptr, o_ptr,
     H, N, L, R, D, M,
     s_wb, s_wh, s_wn, s_wl,
-    s_zb, s_zh, s_zn, s_zc,
+    s_vb, s_vh, s_vn, s_vl,
     s_sb, s_sh, s_sn, s_sc,
     s_dh, s_dl,
     s_rb, s_rn,
+    s_fb, s_fh, s_fn,
     s_ob, s_oh, s_on, s_ol,
-    HAS_RESET: tl.constexpr, PREC: tl.constexpr,
+    HAS_RESET: tl.constexpr, PREC: tl.constexpr, POISON: tl.constexpr,
     BL: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     b, h, n = program_bhn(H, N)
@@ -119,7 +125,7 @@ def _pass2_kernel(
     mix = shear_out(operand(by_lag, PREC), L, BL)
     if HAS_RESET:
         mix = tl.where(same, mix, tl.zeros_like(mix))
-    v = load_tile(zT_ptr + b * s_zb + h * s_zh + n * s_zn + R * s_zc, ll, dd, 1, s_zc, L, D)
+    v = finite(load_tile(v_ptr + b * s_vb + h * s_vh + n * s_vn, ll, dd, s_vl, 1, L, D))
     o = mma(mix, operand(v, PREC), None, PREC)
     # the chunk-start state's part, Re(Xᵛᴴ u) with u = conj(λ^{t+1}) ⊙ w̃, a second pass
     sv_base = st_ptr + b * s_sb + h * s_sh + n * s_sn + R * s_sc
@@ -130,44 +136,59 @@ def _pass2_kernel(
         if HAS_RESET:
             u = tl.where(valid[:, None], u, 0.0)
         o = mma(u, tl.trans(load_tile(sv_base, dd, cc, s_sc, 1, D, 2 * M)), o, PREC)
+    if POISON:  # containment: the rows a non-finite input reaches read NaN
+        bad = tl.load(poison_ptr + b * s_fb + h * s_fh + n * s_fn + ll, mask=ll < L, other=0)
+        o = tl.where((bad != 0)[:, None], float("nan"), o)
     store_tile(o_ptr + b * s_ob + h * s_oh + n * s_on, ll, dd, s_ol, 1, L, D, o)
 
 
-def intra_chunk_pass1(q, zT, starts, d_start, d_end, reset=None, precision="ieee"):
-    """q: (B, H, N, L, R); zT: (B, H, N, R+D, L); starts: (B, H, N, R+D, 2M) chunk-start states;
-    d_start, d_end: (H, L, 2M) (ChunkDecays); reset: (B, N, L) bool or None; precision: "ieee",
-    "tf32" or "bf16" (of every product). Every last dimension with unit stride.
-    Returns p: (B, H, N, L, 2M) fp32."""
-    q, zT, starts, d_start, d_end = unit_last_stride(q, zT, starts, d_start, d_end)
+def flags_strides(flags: torch.Tensor | None, L: int) -> tuple[int, int, int]:
+    """(batch, head, chunk) strides of a (B, H, n·L) int8 per-position tensor, zeros for None."""
+    if flags is None:
+        return 0, 0, 0
+    return flags.stride(0), flags.stride(1), L * flags.stride(2)
+
+
+def intra_chunk_pass1(q, k, starts, d_start, d_end, p, reset=None, precision="ieee", BL=None):
+    """One piece of n chunks of length L. q, k: (B, H, n, L, R) chunk views of the (B, T, H, R)
+    inputs (chunk_view), any float dtype; starts: (B, H, n, R+D, 2M) chunk-start states;
+    d_start, d_end: (H, L, 2M) (ChunkDecays, any strides); p: (B, H, n, L, 2M) fp32 (any
+    strides), written; reset: (B, n, L) uint8 or None; precision: "ieee", "tf32" or "bf16" (of
+    every product); BL: the block of the call's main chunk length. Every last dimension with
+    unit stride. p_t = λ^{t+1} ⊙ (Xᵏ q_t) + Σ_{s≤t} (q_t · k_s) β λ^{t-s}."""
     B, H, N, L, R = q.shape
     M = starts.shape[-1] // 2
-    p = q.new_empty(B, H, N, L, 2 * M, dtype=torch.float32)
     r, s_rb, s_rn, has_reset = reset_args(reset, q)
     with on_device(q):
         _pass1_kernel[(B * H * N,)](
-            q, zT, starts, d_start, d_end, r, p,
+            q, k, starts, d_start, d_end, r, p,
             H, N, L, R, M,
-            *q.stride()[:4], *zT.stride()[:4], *starts.stride()[:4], *d_start.stride()[:2],
+            *q.stride()[:4], *k.stride()[:4], *starts.stride()[:4], *d_start.stride()[:2],
             s_rb, s_rn, *p.stride()[:4],
-            HAS_RESET=has_reset, PREC=PRECISION_CODES[precision], BL=block(L), BR=block(R),
+            HAS_RESET=has_reset, PREC=PRECISION_CODES[precision], BL=BL or block(L),
+            BR=block(R),
         )  # fmt: skip
     return p
 
 
-def intra_chunk_pass2(w, zT, starts, d_start, d_end, key_dim, reset=None, precision="ieee"):
-    """w: (B, H, N, L, 2M) = Ĝ p per position; key_dim: R (zT and starts hold R key rows, then
-    D value rows); other arguments as in intra_chunk_pass1. Returns o: (B, H, N, L, D) fp32."""
-    w, zT, starts, d_start, d_end = unit_last_stride(w, zT, starts, d_start, d_end)
+def intra_chunk_pass2(
+    w, v, starts, d_start, d_end, key_dim, o, reset=None, poison=None, precision="ieee", BL=None
+):
+    """w: (B, H, n, L, 2M) = Ĝ p per position (any strides); v: (B, H, n, L, D) chunk view of
+    the (B, T, H, D) input; key_dim: R (starts holds R key rows, then D value rows); o:
+    (B, H, n, L, D) chunk view of the (B, T, H, D) output in any float dtype, written; poison:
+    (B, H, n·L) int8 or None (rows written as NaN where nonzero); other arguments as in
+    intra_chunk_pass1."""
     B, H, N, L, twoM = w.shape
-    R, D = key_dim, zT.shape[3] - key_dim
-    o = w.new_empty(B, H, N, L, D, dtype=torch.float32)
+    R, D = key_dim, v.shape[-1]
     r, s_rb, s_rn, has_reset = reset_args(reset, w)
     with on_device(w):
         _pass2_kernel[(B * H * N,)](
-            w, zT, starts, d_start, d_end, r, o,
+            w, v, starts, d_start, d_end, r, poison if poison is not None else r, o,
             H, N, L, R, D, twoM // 2,
-            *w.stride()[:4], *zT.stride()[:4], *starts.stride()[:4], *d_start.stride()[:2],
-            s_rb, s_rn, *o.stride()[:4],
-            HAS_RESET=has_reset, PREC=PRECISION_CODES[precision], BL=block(L), BD=block(D),
+            *w.stride()[:4], *v.stride()[:4], *starts.stride()[:4], *d_start.stride()[:2],
+            s_rb, s_rn, *flags_strides(poison, L), *o.stride()[:4],
+            HAS_RESET=has_reset, PREC=PRECISION_CODES[precision], POISON=poison is not None,
+            BL=BL or block(L), BD=block(D),
         )  # fmt: skip
     return o

@@ -1,7 +1,11 @@
 """Backward of the two intra-chunk passes (chunk_intra.py), one program per (batch, head,
 chunk). Each recomputes what it needs of its pass from the chunk-start states and writes the
-gradients of its inputs; the decay gradients come out per program (summed over batch and
-chunks outside). Between the two passes, dp = dw̃ Ĝ and dĜ are batched GEMMs in PyTorch.
+gradients of its inputs; the decay gradients come out per program, accumulated across the four
+kernels into two buffers (summed over batch and chunks outside). Between the two passes,
+dp = dw̃ Ĝ and dĜ are batched GEMMs over heads in PyTorch. q, k, v and do are read by stride
+from their (B, T, H, ·) layout (non-finite q, k, v entries zeroed, do's poisoned rows zeroed:
+containment); dq is written there in its dtype, zero where q was not finite; the intra-chunk
+parts of dk and dv go to fp32 buffers that chunk_input_grads.py completes.
 
 pass 2 backward (given do, w̃):  dv, dXᵛ, dw̃ and the partial dλ^{i+1}, d(βλ^{L-1-j})
 pass 1 backward (given dp):     dq, dk, dXᵏ and the partial dλ^{i+1}, d(βλ^{L-1-j})
@@ -17,16 +21,18 @@ accumulation.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
+from .chunk_intra import flags_strides
 from .tiles import (
     PRECISION_CODES,
     Space,
     block,
     cmul,
     doc_masks,
+    finite,
+    is_finite,
     load_tile,
     mma,
     on_device,
@@ -36,7 +42,6 @@ from .tiles import (
     shear_in,
     shear_out,
     store_tile,
-    unit_last_stride,
 )
 
 _LAG2 = Space(
@@ -48,24 +53,46 @@ _LAG1 = Space(
     sm80=[(4, 8), (8, 8), (8, 16)],
 )
 _STATE1 = Space(sm90=[(8, 8), (8, 16)], sm80=[(8, 8)])
-_KEY_P2 = ["L", "D", "M", "HAS_RESET", "PREC"]
-_KEY_P1 = ["L", "R", "M", "HAS_RESET", "PREC"]
+_KEY_P2 = ["BL", "D", "M", "HAS_RESET", "PREC"]
+_KEY_P1 = ["BL", "R", "M", "HAS_RESET", "PREC"]
 
-# Shared signature tails: (s_*b, s_*h, s_*n, s_*row) strides of each (B, H, N, rows, ·) tensor.
+# Shared signature tails: (s_*b, s_*h, s_*n, s_*row) strides of each (B, H, N, rows, ·) tensor;
+# dw̃ and the two decay-partial buffers share w̃'s strides (pass 2), the partials dp's (pass 1).
+
+
+@triton.jit
+def _load_do(do_base, ll, cols, s_ol, L, D, bad, POISON: tl.constexpr):
+    """do rows (BL, cols) of a chunk, zero where containment set the output to NaN."""
+    do = load_tile(do_base, ll, cols, s_ol, 1, L, D)
+    if POISON:
+        do = tl.where(bad[:, None], 0.0, do)
+    return do
+
+
+@triton.jit
+def _poisoned(poison_ptr, b, h, n, s_fb, s_fh, s_fn, L, BL: tl.constexpr, POISON: tl.constexpr):
+    """(BL,) bool: the chunk's rows containment poisoned (all False without POISON)."""
+    ll = tl.arange(0, BL)
+    if POISON:
+        bad = tl.load(poison_ptr + b * s_fb + h * s_fh + n * s_fn + ll, mask=ll < L, other=0)
+        return bad != 0
+    else:
+        return ll < 0
 
 
 @triton.autotune(configs=_LAG2.configs, key=_KEY_P2, prune_configs_by=_LAG2.prune)
-@triton.jit(do_not_specialize=["N"])
+@triton.jit(do_not_specialize=["N", "L"])
 def _pass2_bwd_lag_kernel(
-    do_ptr, w_ptr, zT_ptr, dend_ptr, reset_ptr, dv_ptr, dw_ptr, gend_ptr,
+    do_ptr, w_ptr, v_ptr, dend_ptr, reset_ptr, poison_ptr, dv_ptr, dw_ptr, gend_ptr,
     H, N, L, R, D, M,
     s_ob, s_oh, s_on, s_ol,
     s_wb, s_wh, s_wn, s_wl,
-    s_zb, s_zh, s_zn, s_zc,
+    s_vb, s_vh, s_vn, s_vl,
     s_dh, s_dl,
     s_rb, s_rn,
-    s_vb, s_vh, s_vn, s_vl,
-    HAS_RESET: tl.constexpr, PREC: tl.constexpr,
+    s_fb, s_fh, s_fn,
+    s_xb, s_xh, s_xn, s_xl,
+    HAS_RESET: tl.constexpr, PREC: tl.constexpr, POISON: tl.constexpr,
     BL: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     """dv = mixᵀ do with mix = shear_out(w̃ endᵀ) (recomputed); d_lag = shear_in(do vᵀ);
@@ -75,13 +102,15 @@ def _pass2_bwd_lag_kernel(
     ll = tl.arange(0, BL)
     if HAS_RESET:
         valid, same = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
+    bad = _poisoned(poison_ptr, b, h, n, s_fb, s_fh, s_fn, L, BL, POISON)
     do_base = do_ptr + b * s_ob + h * s_oh + n * s_on
-    v_base = zT_ptr + b * s_zb + h * s_zh + n * s_zn + R * s_zc
+    v_base = v_ptr + b * s_vb + h * s_vh + n * s_vn
     d_mix = tl.zeros((BL, BL), dtype=tl.float32)  # (t, s): Σ_d do_t v_s
     for d0 in range(0, D, BK):
         dk = d0 + tl.arange(0, BK)
-        do = load_tile(do_base, ll, dk, s_ol, 1, L, D)
-        d_mix = mma(do, tl.trans(load_tile(v_base, ll, dk, 1, s_zc, L, D)), d_mix, PREC)
+        do = _load_do(do_base, ll, dk, s_ol, L, D, bad, POISON)
+        v = finite(load_tile(v_base, ll, dk, s_vl, 1, L, D))
+        d_mix = mma(do, tl.trans(v), d_mix, PREC)
     if HAS_RESET:
         d_mix = tl.where(same, d_mix, 0.0)
     d_lag = shear_in(operand(d_mix, PREC), L, BL)  # aligned with end
@@ -95,11 +124,12 @@ def _pass2_bwd_lag_kernel(
     mix = shear_out(operand(by_lag, PREC), L, BL)
     if HAS_RESET:
         mix = tl.where(same, mix, tl.zeros_like(mix))
-    dv_base = dv_ptr + b * s_vb + h * s_vh + n * s_vn
+    dv_base = dv_ptr + b * s_xb + h * s_xh + n * s_xn
     for d0 in range(0, D, BK):
         dk = d0 + tl.arange(0, BK)
-        dv = mma(tl.trans(mix), load_tile(do_base, ll, dk, s_ol, 1, L, D), None, PREC)  # (s, d)
-        store_tile(dv_base, ll, dk, s_vl, 1, L, D, dv)
+        do = _load_do(do_base, ll, dk, s_ol, L, D, bad, POISON)
+        dv = mma(tl.trans(mix), do, None, PREC)  # (s, d)
+        store_tile(dv_base, ll, dk, s_xl, 1, L, D, dv)
     dw_base = dw_ptr + b * s_wb + h * s_wh + n * s_wn
     ge_base = gend_ptr + b * s_wb + h * s_wh + n * s_wn
     for m0 in range(0, M, BM):
@@ -114,17 +144,18 @@ def _pass2_bwd_lag_kernel(
 @triton.autotune(
     configs=_STATE2.configs, key=_KEY_P2, prune_configs_by=_STATE2.prune, restore_value=["dw_ptr"]
 )
-@triton.jit(do_not_specialize=["N"])
+@triton.jit(do_not_specialize=["N", "L"])
 def _pass2_bwd_state_kernel(
-    do_ptr, w_ptr, st_ptr, dstart_ptr, reset_ptr, dxv_ptr, dw_ptr, gstart_ptr,
+    do_ptr, w_ptr, st_ptr, dstart_ptr, reset_ptr, poison_ptr, dxv_ptr, dw_ptr, gstart_ptr,
     H, N, L, R, D, M,
     s_ob, s_oh, s_on, s_ol,
     s_wb, s_wh, s_wn, s_wl,
     s_sb, s_sh, s_sn, s_sc,
     s_dh, s_dl,
     s_rb, s_rn,
+    s_fb, s_fh, s_fn,
     s_xb, s_xh, s_xn, s_xd,
-    HAS_RESET: tl.constexpr, PREC: tl.constexpr,
+    HAS_RESET: tl.constexpr, PREC: tl.constexpr, POISON: tl.constexpr,
     BL: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     """du = do Xᵛ (the start state's read); dXᵛ = doᵀ u with u = conj(λ^{t+1}) ⊙ w̃;
@@ -133,7 +164,9 @@ def _pass2_bwd_state_kernel(
     ll, dd = tl.arange(0, BL), tl.arange(0, BD)
     if HAS_RESET:
         valid, _ = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
-    do = operand(load_tile(do_ptr + b * s_ob + h * s_oh + n * s_on, ll, dd, s_ol, 1, L, D), PREC)
+    bad = _poisoned(poison_ptr, b, h, n, s_fb, s_fh, s_fn, L, BL, POISON)
+    do = _load_do(do_ptr + b * s_ob + h * s_oh + n * s_on, ll, dd, s_ol, L, D, bad, POISON)
+    do = operand(do, PREC)
     w_base = w_ptr + b * s_wb + h * s_wh + n * s_wn
     sv_base = st_ptr + b * s_sb + h * s_sh + n * s_sn + R * s_sc
     dxv_base = dxv_ptr + b * s_xb + h * s_xh + n * s_xn
@@ -154,32 +187,37 @@ def _pass2_bwd_state_kernel(
         store_tile(gs_base, ll, cc, s_wl, 1, L, 2 * M, cmul(du, w, True))
 
 
-@triton.autotune(configs=_LAG1.configs, key=_KEY_P1, prune_configs_by=_LAG1.prune)
-@triton.jit(do_not_specialize=["N"])
+# it adds into the end partials pass 2 wrote: autotuning must put them back after each run
+@triton.autotune(
+    configs=_LAG1.configs, key=_KEY_P1, prune_configs_by=_LAG1.prune, restore_value=["gend_ptr"]
+)
+@triton.jit(do_not_specialize=["N", "L"])
 def _pass1_bwd_lag_kernel(
-    dp_ptr, q_ptr, zT_ptr, dend_ptr, reset_ptr, dq_ptr, dk_ptr, gend_ptr,
+    dp_ptr, q_ptr, k_ptr, dend_ptr, reset_ptr, dq_ptr, dk_ptr, gend_ptr,
     H, N, L, R, M,
     s_pb, s_ph, s_pn, s_pl,
     s_qb, s_qh, s_qn, s_ql,
-    s_zb, s_zh, s_zn, s_zc,
+    s_kb, s_kh, s_kn, s_kl,
     s_dh, s_dl,
     s_rb, s_rn,
-    s_kb, s_kh, s_kn, s_kr,
+    s_ib, s_ih, s_in, s_il,
+    s_jb, s_jh, s_jn, s_jr,
     HAS_RESET: tl.constexpr, PREC: tl.constexpr,
     BL: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
-    """d_scores = shear_out(dp endᵀ); dq = d_scores k (the lag part); dkᵀ = qᵀ d_scores; the
-    end partial laggedᵀ dp with lagged = shear_in(q kᵀ) (recomputed). q and k are walked in
-    blocks of BK features (see _pass2_bwd_lag_kernel)."""
+    """d_scores = shear_out(dp endᵀ); dq = d_scores k (the lag part, to the fp32 buffer);
+    dkᵀ = qᵀ d_scores; the end partial += laggedᵀ dp with lagged = shear_in(q kᵀ) (recomputed).
+    q and k are walked in blocks of BK features (see _pass2_bwd_lag_kernel)."""
     b, h, n = program_bhn(H, N)
     ll = tl.arange(0, BL)
     q_base = q_ptr + b * s_qb + h * s_qh + n * s_qn
-    z_base = zT_ptr + b * s_zb + h * s_zh + n * s_zn
+    k_base = k_ptr + b * s_kb + h * s_kh + n * s_kn
     scores = tl.zeros((BL, BL), dtype=tl.float32)  # (t, s)
     for r0 in range(0, R, BK):
         rk = r0 + tl.arange(0, BK)
-        q = load_tile(q_base, ll, rk, s_ql, 1, L, R)
-        scores = mma(q, load_tile(z_base, rk, ll, s_zc, 1, R, L), scores, PREC)
+        q = finite(load_tile(q_base, ll, rk, s_ql, 1, L, R))
+        kT = finite(load_tile(k_base, rk, ll, 1, s_kl, R, L))
+        scores = mma(q, kT, scores, PREC)
     if HAS_RESET:
         _, same = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
         scores = tl.where(same, scores, 0.0)
@@ -192,27 +230,30 @@ def _pass1_bwd_lag_kernel(
         dp = load_tile(dp_base, ll, cc, s_pl, 1, L, 2 * M)
         end = load_tile(dend_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M)
         by_lag = mma(dp, tl.trans(end), by_lag, PREC)
-        store_tile(ge_base, ll, cc, s_pl, 1, L, 2 * M, mma(tl.trans(lagged), dp, None, PREC))
+        ge = load_tile(ge_base, ll, cc, s_pl, 1, L, 2 * M)
+        store_tile(ge_base, ll, cc, s_pl, 1, L, 2 * M, mma(tl.trans(lagged), dp, ge, PREC))
     d_scores = shear_out(operand(by_lag, PREC), L, BL)
     if HAS_RESET:
         d_scores = tl.where(same, d_scores, tl.zeros_like(d_scores))
-    dq_base = dq_ptr + b * s_qb + h * s_qh + n * s_qn
-    dk_base = dk_ptr + b * s_kb + h * s_kh + n * s_kn
+    dq_base = dq_ptr + b * s_ib + h * s_ih + n * s_in
+    dk_base = dk_ptr + b * s_jb + h * s_jh + n * s_jn
     for r0 in range(0, R, BK):
         rk = r0 + tl.arange(0, BK)
-        k = load_tile(z_base, ll, rk, 1, s_zc, L, R)
-        store_tile(dq_base, ll, rk, s_ql, 1, L, R, mma(d_scores, k, None, PREC))
-        q = load_tile(q_base, ll, rk, s_ql, 1, L, R)
+        k = finite(load_tile(k_base, ll, rk, s_kl, 1, L, R))
+        store_tile(dq_base, ll, rk, s_il, 1, L, R, mma(d_scores, k, None, PREC))
+        q = finite(load_tile(q_base, ll, rk, s_ql, 1, L, R))
         dkT = mma(tl.trans(q), d_scores, None, PREC)  # (r, s)
-        store_tile(dk_base, rk, ll, s_kr, 1, R, L, dkT)
+        store_tile(dk_base, rk, ll, s_jr, 1, R, L, dkT)
 
 
+# it adds into the start partials pass 2 wrote: autotuning must put them back after each run
 @triton.autotune(
-    configs=_STATE1.configs, key=_KEY_P1, prune_configs_by=_STATE1.prune, restore_value=["dq_ptr"]
-)
-@triton.jit(do_not_specialize=["N"])
+    configs=_STATE1.configs, key=_KEY_P1, prune_configs_by=_STATE1.prune,
+    restore_value=["gstart_ptr"],
+)  # fmt: skip
+@triton.jit(do_not_specialize=["N", "L"])
 def _pass1_bwd_state_kernel(
-    dp_ptr, q_ptr, st_ptr, dstart_ptr, reset_ptr, dq_ptr, dxk_ptr, gstart_ptr,
+    dp_ptr, q_ptr, st_ptr, dstart_ptr, reset_ptr, dqin_ptr, dq_ptr, dxk_ptr, gstart_ptr,
     H, N, L, R, M,
     s_pb, s_ph, s_pn, s_pl,
     s_qb, s_qh, s_qn, s_ql,
@@ -220,12 +261,15 @@ def _pass1_bwd_state_kernel(
     s_dh, s_dl,
     s_rb, s_rn,
     s_xb, s_xh, s_xn, s_xr,
+    s_ib, s_ih, s_in, s_il,
+    s_ob, s_oh, s_on, s_ol,
     HAS_RESET: tl.constexpr, PREC: tl.constexpr,
     BL: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
-    """y = q Xᵏ, dy = conj(λ^{t+1}) ⊙ dp; dq += dy Xᵏᵀ; dXᵏ = qᵀ dy; the start partial
-    conj(y) ⊙ dp. The features are walked in blocks of BK, each holding its block of dq
-    through the pass over the modes (the first block also forms y, over every feature block)."""
+    """y = q Xᵏ, dy = conj(λ^{t+1}) ⊙ dp; dq = (the lag part) + dy Xᵏᵀ, written in q's layout
+    and dtype (zero where q was not finite); dXᵏ = qᵀ dy; the start partial += conj(y) ⊙ dp.
+    The features are walked in blocks of BK, each holding its block of dq through the pass over
+    the modes (the first block also forms y, over every feature block)."""
     b, h, n = program_bhn(H, N)
     ll = tl.arange(0, BL)
     if HAS_RESET:
@@ -235,11 +279,11 @@ def _pass1_bwd_state_kernel(
     sk_base = st_ptr + b * s_sb + h * s_sh + n * s_sn
     dxk_base = dxk_ptr + b * s_xb + h * s_xh + n * s_xn
     gs_base = gstart_ptr + b * s_pb + h * s_ph + n * s_pn
-    dq_base = dq_ptr + b * s_qb + h * s_qh + n * s_qn
     for r0 in range(0, R, BK):
         rk = r0 + tl.arange(0, BK)
-        q = operand(load_tile(q_base, ll, rk, s_ql, 1, L, R), PREC)
-        dq = load_tile(dq_base, ll, rk, s_ql, 1, L, R)
+        q_raw = load_tile(q_base, ll, rk, s_ql, 1, L, R)
+        q = operand(finite(q_raw), PREC)
+        dq = load_tile(dqin_ptr + b * s_ib + h * s_ih + n * s_in, ll, rk, s_il, 1, L, R)
         for m0 in range(0, M, BM):
             cc = 2 * m0 + tl.arange(0, 2 * BM)
             dp = load_tile(dp_base, ll, cc, s_pl, 1, L, 2 * M)
@@ -253,72 +297,73 @@ def _pass1_bwd_state_kernel(
                 y = tl.zeros((BL, 2 * BM), dtype=tl.float32)
                 for r1 in range(0, R, BK):
                     rj = r1 + tl.arange(0, BK)
-                    qj = load_tile(q_base, ll, rj, s_ql, 1, L, R)
+                    qj = finite(load_tile(q_base, ll, rj, s_ql, 1, L, R))
                     y = mma(qj, load_tile(sk_base, rj, cc, s_sc, 1, R, 2 * M), y, PREC)
                 if HAS_RESET:
                     y = tl.where(valid[:, None], y, 0.0)
-                store_tile(gs_base, ll, cc, s_pl, 1, L, 2 * M, cmul(y, dp, True))
-        store_tile(dq_base, ll, rk, s_ql, 1, L, R, dq)
+                gs = load_tile(gs_base, ll, cc, s_pl, 1, L, 2 * M) + cmul(y, dp, True)
+                store_tile(gs_base, ll, cc, s_pl, 1, L, 2 * M, gs)
+        dq = tl.where(is_finite(q_raw), dq, 0.0)
+        store_tile(dq_ptr + b * s_ob + h * s_oh + n * s_on, ll, rk, s_ol, 1, L, R, dq)
 
 
 def intra_chunk_pass2_backward(
-    do, w, zT, starts, d_start, d_end, key_dim, reset=None, precision="ieee"
-):
-    """do: (B, H, N, L, D); w: (B, H, N, L, 2M); zT, starts, d_start, d_end, reset, precision as
-    in intra_chunk_pass1; key_dim: R. Returns (dv (B, H, N, L, D), dXv (B, H, N, D, 2M),
-    dw (B, H, N, L, 2M), per-program d_end and d_start partials (B, H, N, L, 2M)), fp32."""
-    do, w = do.contiguous(), w.contiguous()  # dw and the partials reuse w's strides
-    zT, starts, d_start, d_end = unit_last_stride(zT, starts, d_start, d_end)
+    do, w, v, starts, d_start, d_end, key_dim, dv, dw, g_end, g_start, dxv,
+    reset=None, poison=None, precision="ieee", BL=None,
+):  # fmt: skip
+    """do, v: (B, H, n, L, D) chunk views of the (B, T, H, D) output gradient and input; w:
+    (B, H, n, L, 2M); starts, d_start, d_end, reset, precision, BL as in intra_chunk_pass1;
+    key_dim: R; poison as in intra_chunk_pass2. Writes dv (B, H, n, L, D) fp32 (the intra-chunk
+    part), dw, g_end, g_start (w's shape and strides: dw̃ and the per-program decay partials,
+    fp32) and dxv (B, H, n, D, 2M) fp32."""
     B, H, N, L, twoM = w.shape
-    R, D = key_dim, zT.shape[3] - key_dim
-    f32 = dict(dtype=torch.float32, device=w.device)
-    dv = torch.empty(B, H, N, L, D, **f32)
-    dxv = torch.empty(B, H, N, D, twoM, **f32)
-    dw, g_end, g_start = (torch.empty(B, H, N, L, twoM, **f32) for _ in range(3))
+    R, D = key_dim, v.shape[-1]
     r, s_rb, s_rn, has_reset = reset_args(reset, w)
-    meta = dict(HAS_RESET=has_reset, PREC=PRECISION_CODES[precision], BL=block(L))
+    f = poison if poison is not None else r
+    meta = dict(
+        HAS_RESET=has_reset, PREC=PRECISION_CODES[precision], POISON=poison is not None,
+        BL=BL or block(L),
+    )  # fmt: skip
     with on_device(w):
         _pass2_bwd_lag_kernel[(B * H * N,)](
-            do, w, zT, d_end, r, dv, dw, g_end,
+            do, w, v, d_end, r, f, dv, dw, g_end,
             H, N, L, R, D, twoM // 2,
-            *do.stride()[:4], *w.stride()[:4], *zT.stride()[:4], *d_end.stride()[:2],
-            s_rb, s_rn, *dv.stride()[:4], **meta, BK=min(block(D), 32),
+            *do.stride()[:4], *w.stride()[:4], *v.stride()[:4], *d_end.stride()[:2],
+            s_rb, s_rn, *flags_strides(poison, L), *dv.stride()[:4], **meta,
+            BK=min(block(D), 32),
         )  # fmt: skip
         _pass2_bwd_state_kernel[(B * H * N,)](
-            do, w, starts, d_start, r, dxv, dw, g_start,
+            do, w, starts, d_start, r, f, dxv, dw, g_start,
             H, N, L, R, D, twoM // 2,
             *do.stride()[:4], *w.stride()[:4], *starts.stride()[:4], *d_start.stride()[:2],
-            s_rb, s_rn, *dxv.stride()[:4], **meta, BD=block(D),
+            s_rb, s_rn, *flags_strides(poison, L), *dxv.stride()[:4], **meta, BD=block(D),
         )  # fmt: skip
-    return dv, dxv, dw, g_end, g_start
 
 
-def intra_chunk_pass1_backward(dp, q, zT, starts, d_start, d_end, reset=None, precision="ieee"):
-    """dp: (B, H, N, L, 2M) gradient of p; other arguments as in intra_chunk_pass1. Returns
-    (dq (B, H, N, L, R), dkT (B, H, N, R, L), dXk (B, H, N, R, 2M), per-program d_end and
-    d_start partials (B, H, N, L, 2M)), fp32."""
-    dp, q = dp.contiguous(), q.contiguous()  # dq reuses q's strides, the partials dp's
-    zT, starts, d_start, d_end = unit_last_stride(zT, starts, d_start, d_end)
+def intra_chunk_pass1_backward(
+    dp, q, k, starts, d_start, d_end, dq_lag, dkT, dxk, g_end, g_start, dq,
+    reset=None, precision="ieee", BL=None,
+):  # fmt: skip
+    """dp: (B, H, n, L, 2M) gradient of p (g_end and g_start share its shape and strides and
+    are added into); q, k: chunk views of the (B, T, H, R) inputs; other arguments as in
+    intra_chunk_pass1. Writes dq_lag (B, H, n, L, R) fp32 (scratch), dkT (B, H, n, R, L) fp32
+    (the intra-chunk part of dk), dxk (B, H, n, R, 2M) fp32 and dq, the chunk view of the
+    (B, T, H, R) gradient in its dtype."""
     B, H, N, L, R = q.shape
     twoM = dp.shape[-1]
-    f32 = dict(dtype=torch.float32, device=q.device)
-    dq = torch.empty(B, H, N, L, R, **f32)
-    dkT = torch.empty(B, H, N, R, L, **f32)
-    dxk = torch.empty(B, H, N, R, twoM, **f32)
-    g_end, g_start = (torch.empty(B, H, N, L, twoM, **f32) for _ in range(2))
     r, s_rb, s_rn, has_reset = reset_args(reset, q)
-    meta = dict(HAS_RESET=has_reset, PREC=PRECISION_CODES[precision], BL=block(L))
+    meta = dict(HAS_RESET=has_reset, PREC=PRECISION_CODES[precision], BL=BL or block(L))
     with on_device(q):
         _pass1_bwd_lag_kernel[(B * H * N,)](
-            dp, q, zT, d_end, r, dq, dkT, g_end,
+            dp, q, k, d_end, r, dq_lag, dkT, g_end,
             H, N, L, R, twoM // 2,
-            *dp.stride()[:4], *q.stride()[:4], *zT.stride()[:4], *d_end.stride()[:2],
-            s_rb, s_rn, *dkT.stride()[:4], **meta, BK=min(block(R), 32),
+            *dp.stride()[:4], *q.stride()[:4], *k.stride()[:4], *d_end.stride()[:2],
+            s_rb, s_rn, *dq_lag.stride()[:4], *dkT.stride()[:4], **meta, BK=min(block(R), 32),
         )  # fmt: skip
         _pass1_bwd_state_kernel[(B * H * N,)](
-            dp, q, starts, d_start, r, dq, dxk, g_start,
+            dp, q, starts, d_start, r, dq_lag, dq, dxk, g_start,
             H, N, L, R, twoM // 2,
             *dp.stride()[:4], *q.stride()[:4], *starts.stride()[:4], *d_start.stride()[:2],
-            s_rb, s_rn, *dxk.stride()[:4], **meta, BK=min(block(R), 64),
+            s_rb, s_rn, *dxk.stride()[:4], *dq_lag.stride()[:4], *dq.stride()[:4], **meta,
+            BK=min(block(R), 64),
         )  # fmt: skip
-    return dq, dkT, dxk, g_end, g_start

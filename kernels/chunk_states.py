@@ -16,6 +16,8 @@ per (batch, head, block of channels, block of modes); complex values are interle
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -23,6 +25,7 @@ import triton.language as tl
 from .tiles import (
     PRECISION_CODES,
     block,
+    finite,
     load_tile,
     mma,
     on_device,
@@ -34,19 +37,45 @@ from .tiles import (
 
 
 @triton.jit
-def _chunk_masks(reset_ptr, b, j, s_rb, s_rn, L, BL: tl.constexpr):
-    """(contrib (BL,): no start in (s, chunk end], carry: no start in the chunk) of chunk j."""
+def _chunk_starts(reset_ptr, b, j, s_rb, s_rn, L, BL: tl.constexpr, HAS_RESET: tl.constexpr):
+    """(BL,) int32: 1 where a document starts at that position of chunk j (0 without resets)."""
     ll = tl.arange(0, BL)
-    starts = tl.load(reset_ptr + b * s_rb + j * s_rn + ll, mask=ll < L, other=0).to(tl.int32)
+    if HAS_RESET:
+        return tl.load(reset_ptr + b * s_rb + j * s_rn + ll, mask=ll < L, other=0).to(tl.int32)
+    else:
+        return tl.zeros((BL,), dtype=tl.int32)
+
+
+@triton.jit
+def _chunk_masks(starts):
+    """(contrib (BL,): no start in (s, chunk end], carry: no start in the chunk) from a chunk's
+    document starts."""
     d = tl.cumsum(starts, 0)
     last = tl.sum(starts, 0)
     return d == last, (last == 0).to(tl.float32)
 
 
 @triton.jit
-def _carry_factor(c_ptr, h, cols, M, CONJ: tl.constexpr):
-    """(re, im) (2·BM,) of λ^L, duplicated over each pair (or its conjugate)."""
-    base = c_ptr + h * 2 * M + (cols // 2) * 2
+def _chunk_poison(flags, starts, carry_in, BL: tl.constexpr):
+    """Containment along one chunk (kernels/nonfinite.py): flags (BL,) int8, bit 0 a non-finite
+    k or v, bit 1 a non-finite q, at each position; starts (BL,) document starts; carry_in: the
+    chunk opens inside a poisoned document. Returns (the output poison (BL,): a bad k or v at or
+    before t in t's document, or a bad q at t; the poison carried out of the chunk end)."""
+    bad = (flags & 1).to(tl.int32)
+    d = tl.cumsum(starts, 0)  # the document within the chunk; 0 continues the carried one
+    ll = tl.arange(0, BL)
+    reach = (ll[None, :] <= ll[:, None]) & (d[None, :] == d[:, None])  # (t, s)
+    hit = tl.max(tl.where(reach, bad[None, :], 0), 1) > 0
+    poisoned = hit | ((d == 0) & (carry_in != 0))
+    last = tl.sum(starts, 0)
+    carry_out = (tl.max(tl.where(d == last, bad, 0), 0) > 0) | ((last == 0) & (carry_in != 0))
+    return poisoned | ((flags & 2) != 0), carry_out
+
+
+@triton.jit
+def _carry_factor(c_base, cols, M, CONJ: tl.constexpr):
+    """(re, im) (2·BM,) of a head's λ^L, duplicated over each pair (or its conjugate)."""
+    base = c_base + (cols // 2) * 2
     ok = cols < 2 * M
     re = tl.load(base, mask=ok, other=0.0)
     im = tl.load(base + 1, mask=ok, other=0.0)
@@ -63,15 +92,29 @@ def _cmul_row(re, im, x):
 
 
 @triton.jit
+def _load_z(k_base, v_base, cc, ll, s_kl, s_vl, L, R, C):
+    """The chunk's inputs [kᵀ; vᵀ] for channels cc: (BC, BL), read by stride from k and v
+    (B, T, H, ·), non-finite entries zeroed (containment)."""
+    zk = load_tile(k_base, cc, ll, 1, s_kl, R, L)
+    zv = load_tile(v_base, tl.maximum(cc - R, 0), ll, 1, s_vl, C - R, L)
+    return finite(tl.where((cc < R)[:, None], zk, zv))
+
+
+@triton.jit
 def _states_fwd_kernel(
-    zT_ptr, end_ptr, c_ptr, z0_ptr, reset_ptr, st_ptr, last_ptr,
-    H, N, L, C, M,
-    s_zb, s_zh, s_zn, s_zc,
-    s_dh, s_dl,
+    k_ptr, v_ptr, end_ptr, c_ptr, z0_ptr, reset_ptr, st_ptr, last_ptr,
+    flags_ptr, poison_ptr, cin_ptr, cout_ptr,
+    H, N, L, R, C, M,
+    s_kb, s_kh, s_kn, s_kl,
+    s_vb, s_vh, s_vn, s_vl,
+    s_dh, s_dl, s_ch,
     s_0b, s_0h, s_0c,
     s_rb, s_rn,
+    s_fb, s_fh, s_fn,
     s_sb, s_sh, s_sn, s_sc,
-    HAS_RESET: tl.constexpr, PREC: tl.constexpr,
+    s_lb, s_lh, s_lc,
+    HAS_RESET: tl.constexpr, HAS_Z0: tl.constexpr, PREC: tl.constexpr,
+    CONTAIN: tl.constexpr, HAS_CARRY: tl.constexpr, POISON_END: tl.constexpr,
     BL: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
@@ -80,37 +123,64 @@ def _states_fwd_kernel(
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
     cols = tl.program_id(2) * 2 * BM + tl.arange(0, 2 * BM)
     end = load_tile(end_ptr + h * s_dh, ll, cols, s_dl, 1, L, 2 * M)  # (L, 2·BM)
-    lr, li = _carry_factor(c_ptr, h, cols, M, False)
-    S = load_tile(z0_ptr + b * s_0b + h * s_0h, cc, cols, s_0c, 1, C, 2 * M)
+    lr, li = _carry_factor(c_ptr + h * s_ch, cols, M, False)
+    if HAS_Z0:
+        S = load_tile(z0_ptr + b * s_0b + h * s_0h, cc, cols, s_0c, 1, C, 2 * M)
+    else:
+        S = tl.zeros((BC, 2 * BM), dtype=tl.float32)
+    k_base = k_ptr + b * s_kb + h * s_kh
+    v_base = v_ptr + b * s_vb + h * s_vh
+    carry_in = 0
+    if CONTAIN:
+        if HAS_CARRY:
+            carry_in = tl.load(cin_ptr + pid).to(tl.int32)
+        writer = (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
     for j in range(0, N):
         store_tile(st_ptr + b * s_sb + h * s_sh + j * s_sn, cc, cols, s_sc, 1, C, 2 * M, S)
-        z = load_tile(zT_ptr + b * s_zb + h * s_zh + j * s_zn, cc, ll, s_zc, 1, C, L)  # (BC, L)
+        z = _load_z(k_base + j * s_kn, v_base + j * s_vn, cc, ll, s_kl, s_vl, L, R, C)
+        starts = _chunk_starts(reset_ptr, b, j, s_rb, s_rn, L, BL, HAS_RESET)
         kr, ki = lr, li
         if HAS_RESET:
-            contrib, carry = _chunk_masks(reset_ptr, b, j, s_rb, s_rn, L, BL)
+            contrib, carry = _chunk_masks(starts)
             z = tl.where(contrib[None, :], z, 0.0)
             kr, ki = lr * carry, li * carry
+        if CONTAIN:
+            f_off = b * s_fb + h * s_fh + j * s_fn + ll
+            flags = tl.load(flags_ptr + f_off, mask=ll < L, other=0)
+            poisoned, carry_in = _chunk_poison(flags, starts, carry_in, BL)
+            tl.store(poison_ptr + f_off, poisoned.to(tl.int8), mask=(ll < L) & writer)
         S = mma(z, end, _cmul_row(kr, ki, S), PREC)
-    store_tile(last_ptr + b * s_0b + h * s_0h, cc, cols, s_0c, 1, C, 2 * M, S)
+    if POISON_END:  # the final state of a head whose last document is poisoned: NaN
+        S = tl.where(carry_in != 0, float("nan"), S)
+    store_tile(last_ptr + b * s_lb + h * s_lh, cc, cols, s_lc, 1, C, 2 * M, S)
+    if CONTAIN:
+        tl.store(cout_ptr + pid, carry_in.to(tl.int8), mask=writer)
 
 
 @triton.jit
 def _states_bwd_kernel(
-    dxk_ptr, dxv_ptr, dz_ptr, c_ptr, st_ptr, reset_ptr, ginc_ptr, g0_ptr, dc_ptr,
+    dxk_ptr, dxv_ptr, dz_ptr, c_ptr, st_ptr, reset_ptr, end_poison_ptr, ginc_ptr, g0_ptr, dc_ptr,
     H, N, L, R, C, M,
     s_kb, s_kh, s_kn, s_kr,
     s_vb, s_vh, s_vn, s_vr,
     s_0b, s_0h, s_0c,
+    s_ch,
     s_sb, s_sh, s_sn, s_sc,
     s_rb, s_rn,
-    HAS_RESET: tl.constexpr, BL: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr,
+    HAS_RESET: tl.constexpr, HAS_DZ: tl.constexpr, POISON_END: tl.constexpr,
+    BL: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     b, h = pid // H, pid % H
     cc = tl.program_id(1) * BC + tl.arange(0, BC)
     cols = tl.program_id(2) * 2 * BM + tl.arange(0, 2 * BM)
-    lr, li = _carry_factor(c_ptr, h, cols, M, True)  # conj(λ^L)
-    G = load_tile(dz_ptr + b * s_0b + h * s_0h, cc, cols, s_0c, 1, C, 2 * M)
+    lr, li = _carry_factor(c_ptr + h * s_ch, cols, M, True)  # conj(λ^L)
+    if HAS_DZ:
+        G = load_tile(dz_ptr + b * s_0b + h * s_0h, cc, cols, s_0c, 1, C, 2 * M)
+        if POISON_END:  # a NaN final state passes no gradient back
+            G = tl.where(tl.load(end_poison_ptr + pid) != 0, 0.0, G)
+    else:
+        G = tl.zeros((BC, 2 * BM), dtype=tl.float32)
     d_chunk = tl.zeros((2 * BM,), dtype=tl.float32)
     key, value = cc < R, cc >= R
     for step in range(0, N):
@@ -119,7 +189,7 @@ def _states_bwd_kernel(
         store_tile(ginc_ptr + off, cc, cols, s_sc, 1, C, 2 * M, G)  # the gradient of inc_j
         carry = 1.0
         if HAS_RESET:
-            _, carry = _chunk_masks(reset_ptr, b, j, s_rb, s_rn, L, BL)
+            _, carry = _chunk_masks(_chunk_starts(reset_ptr, b, j, s_rb, s_rn, L, BL, True))
         # d(λ^L) += carry_j Σ_c conj(S_j) ⊙ G_{j+1}: Re(conj(s) g) and Im(conj(s) g) per pair
         S = load_tile(st_ptr + off, cc, cols, s_sc, 1, C, 2 * M)
         sr, si = split_pairs(S)
@@ -143,50 +213,77 @@ def _blocks(C: int, M: int, rows: int) -> tuple[int, int]:
     return min(rows, triton.next_power_of_2(C)), min(32, block(M))
 
 
-def chunk_states(zT, end, chunk, Z0, reset=None, precision="ieee"):
-    """zT: (B, H, N, C, L) chunk inputs [kᵀ; vᵀ]; end: (H, L, 2M); chunk: (H, 2M) λ^L;
-    Z0: (B, H, C, 2M); reset: (B, N, L) bool or None. Returns (chunk-start states
-    (B, H, N, C, 2M) S_0..S_{N-1}, end state S_N (B, H, C, 2M)), fp32."""
-    zT, end, chunk, Z0 = unit_last_stride(zT, end, chunk.contiguous(), Z0)
-    B, H, N, C, L = zT.shape
-    M = end.shape[-1] // 2
-    starts = torch.empty(B, H, N, C, 2 * M, dtype=torch.float32, device=zT.device)
-    last = torch.empty(B, H, C, 2 * M, dtype=torch.float32, device=zT.device)
-    r, s_rb, s_rn, has_reset = reset_args(reset, zT)
+class Containment(NamedTuple):
+    """What the forward's scan does for containment (kernels/nonfinite.py): flags (B, H, n·L)
+    int8 of the piece; poison (B, H, n·L) int8 it writes (the output rows to set to NaN);
+    carry_in (B, H) int8 or None (the piece opens inside a poisoned document); carry_out
+    (B, H) int8 it writes; poison_end: set the final state of a poisoned head to NaN."""
+
+    flags: torch.Tensor
+    poison: torch.Tensor
+    carry_in: torch.Tensor | None
+    carry_out: torch.Tensor
+    poison_end: bool
+
+
+def chunk_states(k, v, end, chunk, Z0, last, reset=None, precision="ieee", contain=None, BL=None):
+    """One piece of n chunks of length L. k: (B, H, n, L, R) and v: (B, H, n, L, D) chunk views
+    of the (B, T, H, ·) inputs (chunk_view), any float dtype; end: (H, L, 2M); chunk: (H, 2M)
+    λ^L (any strides); Z0: (B, H, R+D, 2M) or None (zeros); last: (B, H, R+D, 2M) fp32, written
+    with the end state S_n; reset: (B, n, L) uint8 view or None; contain: Containment or None;
+    BL: the block of the call's main chunk length (a ragged tail reuses its compiled kernel).
+    Returns the chunk-start states (B, H, n, R+D, 2M) S_0..S_{n-1}, fp32."""
+    B, H, N, L, R = k.shape
+    C, M = R + v.shape[-1], end.shape[-1] // 2
+    starts = torch.empty(B, H, N, C, 2 * M, dtype=torch.float32, device=k.device)
+    r, s_rb, s_rn, has_reset = reset_args(reset, k)
+    c = contain
+    f = c.flags if c else r
     BC, BM = _blocks(C, M, rows=64)  # 64 rows: one warpgroup product (wgmma) on sm_90
     grid = (B * H, triton.cdiv(C, BC), triton.cdiv(M, BM))
-    with on_device(zT):
+    z0 = Z0 if Z0 is not None else last
+    with on_device(k):
         _states_fwd_kernel[grid](
-            zT, end, chunk, Z0, r, starts, last,
-            H, N, L, C, M,
-            *zT.stride()[:4], *end.stride()[:2], *Z0.stride()[:3], s_rb, s_rn,
-            *starts.stride()[:4],
-            HAS_RESET=has_reset, PREC=PRECISION_CODES[precision], BL=block(L), BC=BC, BM=BM,
-            num_warps=4,
+            k, v, end, chunk, z0, r, starts, last,
+            f, c.poison if c else r, c.carry_in if c and c.carry_in is not None else r,
+            c.carry_out if c else r,
+            H, N, L, R, C, M,
+            *k.stride()[:4], *v.stride()[:4], *end.stride()[:2], chunk.stride(0),
+            *z0.stride()[:3], s_rb, s_rn,
+            *(f.stride()[:2] if c else (0, 0)), L * (f.stride(2) if c else 0),
+            *starts.stride()[:4], *last.stride()[:3],
+            HAS_RESET=has_reset, HAS_Z0=Z0 is not None, PREC=PRECISION_CODES[precision],
+            CONTAIN=c is not None, HAS_CARRY=bool(c and c.carry_in is not None),
+            POISON_END=bool(c and c.poison_end), BL=BL or block(L), BC=BC, BM=BM, num_warps=4,
         )  # fmt: skip
-    return starts, last
+    return starts
 
 
-def chunk_states_backward(dXk, dXv, dZ_end, chunk, starts, L, reset=None):
+def chunk_states_backward(dXk, dXv, dZ_end, chunk, starts, L, reset=None, end_poison=None, BL=None):
     """dXk: (B, H, N, R, 2M), dXv: (B, H, N, D, 2M) the gradients of the chunk-start states;
-    dZ_end: (B, H, C, 2M); chunk: (H, 2M) λ^L; starts: the forward's (B, H, N, C, 2M); L: the
-    chunk length; reset as in chunk_states. Returns (the increments' gradients G_1..G_N
-    (B, H, N, C, 2M), dZ0 (B, H, C, 2M), the gradient of λ^L (H, 2M)), fp32."""
-    dXk, dXv, dZ_end, starts = unit_last_stride(dXk, dXv, dZ_end.contiguous(), starts)
+    dZ_end: (B, H, C, 2M) or None (zeros); chunk: (H, 2M) λ^L (any strides); starts: the
+    forward's (B, H, N, C, 2M); L: the chunk length; reset as in chunk_states; end_poison:
+    (B, H) int8 or None (heads whose final state was set to NaN pass no dZ_end). Returns (the
+    increments' gradients G_1..G_N (B, H, N, C, 2M), dZ0 (B, H, C, 2M), the per-program
+    gradient of λ^L (B, H, channel blocks, 2M) to be summed over its first three dims), fp32."""
+    dXk, dXv, starts = unit_last_stride(dXk, dXv, starts)
     B, H, N, R, twoM = dXk.shape
     C, M = R + dXv.shape[3], twoM // 2
     g_inc = torch.empty(B, H, N, C, twoM, dtype=torch.float32, device=dXk.device)
     g0 = torch.empty(B, H, C, twoM, dtype=torch.float32, device=dXk.device)
     r, s_rb, s_rn, has_reset = reset_args(reset, dXk)
+    dz = dZ_end if dZ_end is not None else g0
     BC, BM = _blocks(C, M, rows=32)
     grid = (B * H, triton.cdiv(C, BC), triton.cdiv(M, BM))
     d_chunk = torch.empty(B, H, grid[1], twoM, dtype=torch.float32, device=dXk.device)
     with on_device(dXk):
         _states_bwd_kernel[grid](
-            dXk, dXv, dZ_end, chunk.contiguous(), starts, r, g_inc, g0, d_chunk,
+            dXk, dXv, dz, chunk, starts, r, end_poison if end_poison is not None else r,
+            g_inc, g0, d_chunk,
             H, N, L, R, C, M,
-            *dXk.stride()[:4], *dXv.stride()[:4], *dZ_end.stride()[:3], *starts.stride()[:4],
-            s_rb, s_rn,
-            HAS_RESET=has_reset, BL=block(L), BC=BC, BM=BM, num_warps=4,
+            *dXk.stride()[:4], *dXv.stride()[:4], *g0.stride()[:3], chunk.stride(0),
+            *starts.stride()[:4], s_rb, s_rn,
+            HAS_RESET=has_reset, HAS_DZ=dZ_end is not None, POISON_END=end_poison is not None,
+            BL=BL or block(L), BC=BC, BM=BM, num_warps=4,
         )  # fmt: skip
-    return g_inc, g0, d_chunk.sum((0, 2))
+    return g_inc, g0, d_chunk

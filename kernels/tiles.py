@@ -52,7 +52,7 @@ class Space:
             return configs
         arch = triton.runtime.driver.active.get_current_target().arch
         allowed = self.sm90 if arch >= 90 else self.sm80
-        scale = max(1, block(named_args["L"]) // 64)
+        scale = max(1, named_args.get("BL", block(named_args["L"])) // 64)
         full = block(named_args["M"])
         kept = [
             c
@@ -80,11 +80,13 @@ def unit_last_stride(*tensors):
 
 
 def reset_args(reset: torch.Tensor | None, like: torch.Tensor):
-    """(tensor, stride over chunks' batch, stride over chunks, HAS_RESET) for a (B, N, L) bool
-    reset mask or None."""
+    """(tensor, stride over chunks' batch, stride over chunks, HAS_RESET) for a (B, N, L) reset
+    mask (uint8 or int8 as it is, e.g. a bool mask's ``.view(torch.uint8)``; bool is cast) or
+    None (then ``like`` stands in as a pointer that is never read)."""
     if reset is None:
-        return like.new_zeros(1, 1, dtype=torch.int8), 0, 0, False
-    r = reset.to(torch.int8).contiguous()
+        return like, 0, 0, False
+    r = reset if reset.dtype in (torch.uint8, torch.int8) else reset.to(torch.int8)
+    r = unit_last_stride(r)[0]
     return r, r.stride(0), r.stride(1), True
 
 
@@ -123,6 +125,19 @@ def operand(x, PREC: tl.constexpr):
         return _round_bits(x, 13, False)
     else:
         return x.to(tl.float32)
+
+
+@triton.jit
+def is_finite(x):
+    """True where x is neither NaN nor ±inf (a NaN compares false)."""
+    return tl.abs(x) < float("inf")
+
+
+@triton.jit
+def finite(x):
+    """x with its NaN and ±inf entries zeroed: what the kernels do to q, k and v as they load
+    them (containment, kernels/nonfinite.py)."""
+    return tl.where(is_finite(x), x, 0.0)
 
 
 @triton.jit
@@ -207,6 +222,11 @@ def store_pairs(base, rows, modes, s_row, n_rows, M, re, im):
 
 @triton.jit
 def store_tile(base, rows, cols, s_row, s_col, n_rows, n_cols, x):
+    """x stored into a strided block, cast to its element type (to nearest: under the
+    interpreter a bf16 store would truncate, so x is rounded to bf16 values first)."""
+    if _BF16_IN_FP32:
+        if base.dtype.element_ty == tl.bfloat16:
+            x = _round_bits(x, 16, True)
     ok = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     off = rows[:, None].to(tl.int64) * s_row + cols[None, :].to(tl.int64) * s_col
     tl.store(base + off, x, mask=ok)

@@ -320,33 +320,63 @@ def check_chunked_compiles_and_exports(device: str) -> None:
         assert_rel(a, b, 1e-6, "exported chunked op")
 
 
-def check_intra_passes_alone(device: str) -> None:
-    """Each pass on its own equals the PyTorch segment code's intermediates (p and o)."""
-    from idmix_kernels import intra_chunk_pass1, intra_chunk_pass2
+def check_parts_alone(device: str) -> None:
+    """Each kernel on its own equals the PyTorch segment code's intermediates: the decay tables
+    (and their gradients), the chunk-state scan (start and end states), pass 1 (p) and pass 2
+    (o), reading q, k, v by stride from (B, T, H, ·); and the non-finite flags."""
+    import idmix_kernels as kern
 
     from idmix.functional.interdomain import chunk_torch
-    from idmix.functional.interdomain.chunk_layout import DocMasks
+    from idmix.functional.interdomain.chunk_layout import (
+        DocMasks,
+        chunk_view,
+        to_chunks,
+        to_chunks_T,
+    )
     from idmix.functional.interdomain.decays import chunk_decays
 
     B, H, N, L, R, D, M = 2, 3, 2, 8, 5, 3, 4
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(B, H, N, L, R, generator=g).to(device)
-    zT = torch.randn(B, H, N, R + D, L, generator=g).to(device)
+    q, k = (torch.randn(B, N * L, H, R, generator=g).to(device) for _ in range(2))
+    v = torch.randn(B, N * L, H, D, generator=g).to(device)
     Z0 = torch.randn(B, H, R + D, 2 * M, generator=g).to(device)
     p = make_problem(H=H, M=M, dtype=torch.float32)
-    lam, beta = (torch.view_as_real(p[n]).to(device) for n in ("lam", "beta"))
+    lam, beta = (torch.view_as_real(p[n]).to(device).requires_grad_() for n in ("lam", "beta"))
     dec = chunk_decays(lam, beta, L)
+    tables = kern.decay_tables(lam.detach(), beta.detach(), L)
+    for name, a, b in zip(("start", "end", "chunk"), tables, dec, strict=True):
+        assert_rel(a, b, 1e-5, f"decay table {name}")
+    cot = [torch.randn(t.shape, generator=g).to(device) for t in tables]
+    ref = torch.autograd.grad(dec, (lam, beta), cot)
+    got = kern.decay_tables_backward(lam.detach(), beta.detach(), *cot, L)
+    assert_rel(got[0], ref[0], 1e-5, "decay tables: d lam")
+    assert_rel(got[1], ref[1], 1e-5, "decay tables: d beta")
+    dec = type(dec)(*(t.detach() for t in dec))
     G = torch.randn(H, 2 * M, 2 * M, generator=g).to(device)
     reset = torch.rand(B, N, L, generator=g).to(device) < 0.2
+    qc, zT = to_chunks(q, N, L, torch.float32), to_chunks_T(k, v, N, L, torch.float32)
     ops = chunk_torch.TorchChunkOps
+    views = [chunk_view(x, N, L, transpose=False) for x in (q, k, v)]
     for masks in (None, DocMasks(reset, torch.float32)):
-        starts, _ = ops.chunk_states(zT, dec, Z0, masks, "ieee")
-        o_ref, f = chunk_torch._intra(q, zT, starts, dec, G, masks, "ieee")
-        r = None if masks is None else reset
-        p1 = intra_chunk_pass1(q, zT, starts, dec.start, dec.end, r)
+        starts, Z_end = ops.chunk_states(zT, dec, Z0, masks, "ieee")
+        o_ref, f = chunk_torch._intra(qc, zT, starts, dec, G, masks, "ieee")
+        r = None if masks is None else reset.view(torch.uint8)
+        last = torch.empty_like(Z0)
+        st = kern.chunk_states(views[1], views[2], dec.end, dec.chunk, Z0, last, r)
+        assert_rel(st, starts, 1e-5, f"chunk states (reset={r is not None})")
+        assert_rel(last, Z_end, 1e-5, f"end state (reset={r is not None})")
+        p1 = torch.empty(B, H, N, L, 2 * M, device=device)
+        kern.intra_chunk_pass1(views[0], views[1], starts, dec.start, dec.end, p1, r)
         assert_rel(p1, f.p, 1e-5, f"pass 1 (reset={r is not None})")
-        o = intra_chunk_pass2(f.w, zT, starts, dec.start, dec.end, R, r)
-        assert_rel(o, o_ref, 1e-5, f"pass 2 (reset={r is not None})")
+        o = torch.empty(B, N * L, H, D, device=device)
+        o_view = chunk_view(o, N, L, transpose=False)
+        kern.intra_chunk_pass2(f.w, views[2], starts, dec.start, dec.end, R, o_view, r)
+        assert_rel(o_view, o_ref, 1e-5, f"pass 2 (reset={r is not None})")
+    k[1, 3, 2, 0], q[0, 5, 1, 4] = float("nan"), float("inf")
+    flags = kern.nonfinite_flags(q, k, v)
+    expected = torch.zeros(B, H, N * L, dtype=torch.int8, device=device)
+    expected[1, 2, 3], expected[0, 1, 5] = 1, 2
+    assert torch.equal(flags, expected), "non-finite flags"
 
 
 def check_real_decode(device: str) -> None:
@@ -427,7 +457,7 @@ def check_under_poisoned_allocations(device: str) -> None:
 
 CHECKS = [  # the widest first, so a run stopped at a time cap has done the most
     check_chunked, check_selective, check_chunked_precisions, check_selective_precisions,
-    check_decode, check_real_decode, check_decode_compiles, check_intra_passes_alone,
+    check_decode, check_real_decode, check_decode_compiles, check_parts_alone,
     check_nonfinite, check_varlen, check_chunked_compiles_and_exports,
     check_under_poisoned_allocations,
 ]  # fmt: skip

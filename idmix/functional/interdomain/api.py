@@ -11,10 +11,12 @@ from typing import NamedTuple
 import torch
 
 from ..readout import readout_gram
+from .backend import resolve_backend
 from .chunked import chunk_decay_inputs
+from .chunked_kernels import chunked_kernels_forward
 from .chunked_op import chunked_forward
 from .closed_form import interdomain_attention_closed_form_real
-from .decay_values import Decays, TokenDecays, decays_of
+from .decay_values import Decays, SharedDecays, TokenDecays, decays_of
 from .naive import interdomain_attention_naive_real
 from .nonfinite import poison_output, poison_state, sanitise
 from .precision import resolve_precision
@@ -50,8 +52,8 @@ class Options(NamedTuple):
 
 
 def _chunked(q, k, v, decays: Decays, G_hat, Z0, reset, opt: Options):
-    """Shared decays: ``idmix::chunked_forward``, q, k, v as they are (its chunk copies cast
-    them; the kernels read bf16 and fp16 themselves). Per-token decays:
+    """Shared decays off the kernels (torch, inductor): ``idmix::chunked_forward``, q, k, v as
+    they are (its chunk copies cast them). Per-token decays:
     ``idmix::selective_forward`` in the compute dtype, chunks of at most SELECTIVE_CHUNK."""
     rdtype = Z0.dtype
     lam_ri, beta_ri = (x.to(rdtype) for x in decays)
@@ -108,10 +110,39 @@ def _check_impl(impl, precision) -> None:
         raise ValueError(f"precision: {precision!r} applies to impl='chunked' only, got {impl!r}")
 
 
+def _on_kernels(q, k, v, decays: SharedDecays, G_hat, initial_state, opt: Options, reset):
+    """Shared decays on the Triton kernels (``chunked_kernels``): containment happens inside the
+    op; only an initial state is checked here (its non-finite entries zeroed, its heads marked),
+    so that with none given the call adds no PyTorch op around the kernels."""
+    Z0 = bad_init = None
+    if initial_state is not None:
+        Z0 = initial_state.float()
+        finite = torch.isfinite(Z0.detach())
+        bad_init = (~finite.flatten(2).all(-1)).to(torch.int8)
+        Z0 = torch.where(finite, Z0, torch.zeros((), dtype=Z0.dtype, device=Z0.device))
+    lam_ri, beta_ri = (x.float().contiguous() for x in decays)
+    o, Z, *_ = chunked_kernels_forward(
+        q, k.to(q.dtype), v.to(q.dtype), lam_ri, beta_ri, G_hat.float(), Z0, bad_init, reset,
+        opt.chunk_size, opt.precision,
+    )  # fmt: skip
+    return o, Z
+
+
+def _takes_kernels(q, decays: Decays, impl: str, opt: Options) -> bool:
+    return (
+        impl == "chunked"
+        and isinstance(decays, SharedDecays)
+        and resolve_backend(opt.backend, q).name == "triton"
+    )
+
+
 def _run(q, k, v, decays: Decays, G_hat, initial_state, reset, impl: str, opt: Options):
     """Checked real-form inputs -> (o (B, T, H, D) in q's dtype, final state (B, H, R+D, 2M))
     in the compute dtype, whatever the ambient autocast: states and accumulators of a long
     recurrence do not survive bf16."""
+    if _takes_kernels(q, decays, impl, opt):
+        with torch.autocast(q.device.type, enabled=False):
+            return _on_kernels(q, k, v, decays, G_hat, initial_state, opt, reset)
     entry = IMPLEMENTATIONS[impl]
     rdtype, _ = compute_dtypes(q)
     poison = None
@@ -172,7 +203,7 @@ def interdomain_attention_real(
             "interdomain_attention_real", CHUNKED_PATH_REAL, PLAIN_IMPLS,
             q, k, v, lam_ri, beta_ri, G_hat, initial_state,
         )  # fmt: skip
-    warn_if_unstable("lam_ri", torch.linalg.vector_norm(lam_ri.detach(), dim=-1))
+    warn_if_unstable("lam_ri", lam_ri)
     decays = decays_of(lam_ri, beta_ri)
     opt = Options(chunk_size, backend, precision)
     return _run(q, k, v, decays, G_hat, initial_state, reset, impl, opt)

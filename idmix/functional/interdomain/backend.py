@@ -15,7 +15,6 @@ from typing import NamedTuple
 import torch
 
 from .chunk_torch import TorchChunkOps
-from .chunk_triton import TritonChunkOps
 from .compiled import compiled, have_cxx
 from .selective_torch import SelectiveTorchOps
 from .selective_triton import SelectiveTritonOps
@@ -24,7 +23,8 @@ from .validation import check_backend
 
 class Backend(NamedTuple):
     """name: "torch", "inductor" or "triton"; chunk: the shared-decay primitives
-    (``chunk_torch``'s interface); selective: the per-token ones (``selective_torch``'s);
+    (``chunk_torch``'s interface; None for "triton", whose shared-decay path is its own op,
+    ``chunked_kernels``); selective: the per-token ones (``selective_torch``'s);
     compile_pieces: whether the shared pieces run compiled by Inductor."""
 
     name: str
@@ -50,6 +50,11 @@ def _kernels():
         return importlib.import_module("idmix_kernels")
     except ImportError:
         return None
+
+
+def kernels_module():
+    """The idmix_kernels module (raises the ImportError that says why when it is missing)."""
+    return _kernels() or importlib.import_module("idmix_kernels")
 
 
 def _wants_triton(backend: str, x: torch.Tensor) -> bool:
@@ -84,7 +89,4 @@ def resolve_backend(backend: str, x: torch.Tensor) -> Backend:
                 "backend='triton': the kernels compute in fp32; fp64 inputs take 'torch'"
             )
         return _TORCH
-    kernels = _kernels()
-    if kernels is None:
-        importlib.import_module("idmix_kernels")  # raises the ImportError that says why
-    return Backend("triton", TritonChunkOps(kernels), SelectiveTritonOps(kernels), False)
+    return Backend("triton", None, SelectiveTritonOps(kernels_module()), False)

@@ -322,17 +322,20 @@ def check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size) -> D
     B, T, H, R, D = check_qkv(q, k, v)
     M = check_params(lam, beta, C, H, readout, (B, T))
     check_devices("q", q, lam=lam, beta=beta, C=C, initial_state=initial_state)
-    warn_if_unstable("lam", lam.detach().abs())
+    warn_if_unstable("lam", lam)
     if initial_state is not None:
         check_state(initial_state, B, H, M, R, D, "initial_state")
     check_chunk_size(chunk_size)
     return Dims(B, T, H, R, D, M)
 
 
-def warn_if_unstable(name: str, modulus: torch.Tensor) -> None:
+def warn_if_unstable(name: str, lam: torch.Tensor) -> None:
     """Warn (once per call site) when a decay has |λ| > 1: the state then grows without bound.
-    A value check, so only where ``idmix.debug.check_values`` allows a host sync."""
-    if check_values(modulus):
+    lam: complex, or real pairs (..., 2). A value check, so only where
+    ``idmix.debug.check_values`` allows a host sync (nothing is computed elsewhere)."""
+    if check_values(lam):
+        lam = lam.detach()
+        modulus = lam.abs() if lam.is_complex() else torch.linalg.vector_norm(lam, dim=-1)
         worst = float(modulus.max())
         if worst > 1 + 1e-6:
             warnings.warn(

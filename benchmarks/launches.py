@@ -1,0 +1,280 @@
+"""Every launch one call of the chunked op makes on the GPU route, counted on a CPU.
+
+Nothing runs: the inputs are meta tensors, every PyTorch op is caught at dispatch (a
+TorchDispatchMode that also walks into idmix's custom ops) and every Triton launch at the
+interpreter's entry (``InterpretedFunction.run``, replaced, so no kernel executes). The call is
+put on the path a CUDA tensor takes: backend "triton", segments sized as on CUDA, and the host
+value checks that only a CPU tensor gets (``idmix.debug.check_values``) turned off, so that
+what they guard runs, as it does on a GPU.
+
+Each launch is a ``Launch``: its kind ("triton" or "torch"), name, grid (Triton), the bytes it
+moves through HBM and the multiply-adds of its matrix products, counted from its arguments.
+A PyTorch op that is a view, an allocation or a composite of others launches nothing and is
+left out; its children are counted. ``benchmarks/cost_model.py`` turns the list into time.
+
+    TRITON_INTERPRET=1 python benchmarks/launches.py --B 1 --T 16384 --H 4   # the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import NamedTuple
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_table  # noqa: E402
+
+
+class Launch(NamedTuple):
+    kind: str  # "triton" or "torch"
+    name: str
+    grid: tuple  # programs per axis (Triton), () for PyTorch
+    nbytes: int  # bytes read and written in HBM (per-token tensors; see _traffic)
+    macs: int  # multiply-adds of matrix products
+    ints: dict  # the integer arguments by name (Triton), {} for PyTorch
+
+
+# Ops that launch nothing: metadata, views, allocations (their children, if any, are counted).
+_NO_KERNEL = {
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
+    "detach", "alias", "resolve_conj", "resolve_neg", "_reshape_alias", "set_", "result_type",
+    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "_to_copy_meta",
+}  # fmt: skip
+
+
+def _launches_nothing(func) -> bool:
+    name = func.__name__.split(".")[0]
+    return func.is_view or name in _NO_KERNEL
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _gemm_macs(name: str, args, out) -> int:
+    """Multiply-adds of a matrix product op (mm, bmm, baddbmm, addmm, _scaled/out_dtype forms)."""
+    if not any(name.startswith(p) for p in ("mm", "bmm", "baddbmm", "addmm", "addbmm", "matmul")):
+        return 0
+    mats = [a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2]
+    a, b = mats[-2], mats[-1]
+    batch = math.prod(a.shape[:-2]) if a.dim() == 3 else 1
+    return batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
+
+
+class _Recorder(TorchDispatchMode):
+    """Records every PyTorch op that launches a kernel, and walks into idmix::* custom ops."""
+
+    def __init__(self, launches: list[Launch]):
+        super().__init__()
+        self.launches = launches
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "idmix":
+            from torch._library.custom_ops import OPDEFS
+
+            opdef = OPDEFS[func._schema.name]
+            with self:
+                return opdef._init_fn(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if _launches_nothing(func):
+            return out
+        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        name = func.__name__.split(".")[0]
+        in_bytes = sum(_nbytes(t) for t in ins)
+        out_bytes = sum(_nbytes(t) for t in outs if not any(t is i for i in ins))
+        self.launches.append(
+            Launch("torch", name, (), in_bytes + out_bytes, _gemm_macs(name, args, out), {})
+        )
+        return out
+
+
+# Multiply-adds per program of each chunk kernel, from its integer arguments (L, R, D, M, N)
+# and its grid: the tile products as written in kernels/ (chunk_intra*.py, chunk_states.py).
+def _chunk_macs(name, a, programs):
+    L, M2 = a.get("L", 0), 2 * a.get("M", 0)
+    R, D = a.get("R", 0), a.get("D", 0)
+    per_chunk = {
+        "_pass1_kernel": L * L * R + L * R * M2 + L * L * M2,
+        "_pass2_kernel": L * M2 * L + L * L * D + L * M2 * D,
+        "_pass2_bwd_lag_kernel": 2 * L * D * L + 3 * L * L * M2,
+        "_pass2_bwd_state_kernel": 2 * L * D * M2,
+        "_pass1_bwd_lag_kernel": 3 * L * R * L + 2 * L * L * M2,
+        "_pass1_bwd_state_kernel": 3 * L * R * M2,
+    }
+    if name in per_chunk:
+        return per_chunk[name] * programs
+    if name == "_states_fwd_kernel":  # one program per (b, h, channel block, mode block)
+        return a["N"] * a["C"] * L * M2 * programs // (a.get("_cblocks", 1) * a.get("_mblocks", 1))
+    return 0
+
+
+def _traffic(args, tokens: int) -> int:
+    """HBM bytes of a Triton launch: every tensor argument with at least one value per
+    token·head is read or written once; per-head tables (decays, Ĝ) stay in L2."""
+    return sum(_nbytes(t) for t in args if isinstance(t, torch.Tensor) and t.numel() >= tokens)
+
+
+@contextlib.contextmanager
+def gpu_route(launches: list[Launch], tokens: int):
+    """Run the chunked op as on a CUDA tensor, recording its launches and skipping the kernels."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from idmix.functional.interdomain import (
+        chunked,
+        chunked_kernels,
+        chunked_op,
+        nonfinite,
+        validation,
+    )
+
+    def cuda_segment_tokens(q, L):
+        per_row = chunked.GPU_SEGMENT_TOKEN_HEADS // max(1, q.shape[0] * q.shape[2])
+        return max(L, max(chunked.SEGMENT_TOKENS, per_row) // L * L)
+
+    def record(self, *args, grid, warmup, **kwargs):
+        names = self.arg_names
+        named = dict(zip(names, args, strict=False)) | kwargs
+        ints = {k: v for k, v in named.items() if isinstance(v, int) and not k.startswith("s_")}
+        g = grid(named) if callable(grid) else grid
+        g = tuple(g) + (1,) * (3 - len(g))
+        if "C" not in ints and "R" in ints and "D" in ints:
+            ints["C"] = ints["R"] + ints["D"]
+        ints["_cblocks"], ints["_mblocks"] = g[1], g[2]
+        programs = math.prod(g)
+        name = self.fn.__name__
+        launches.append(
+            Launch(
+                "triton", name, g, _traffic(args, tokens), _chunk_macs(name, ints, programs), ints
+            )
+        )
+
+    autocast = torch.autocast
+
+    def meta_autocast(device_type, *args, **kwargs):  # autocast has no meta device
+        if device_type == "meta":
+            return contextlib.nullcontext()
+        return autocast(device_type, *args, **kwargs)
+
+    saved = (
+        torch.autocast,
+        InterpretedFunction.run,
+        chunked_op.segment_tokens,
+        chunked_kernels.segment_tokens,
+        nonfinite.check_values,
+        validation.check_values,
+    )
+    torch.autocast = meta_autocast
+    InterpretedFunction.run = record
+    chunked_op.segment_tokens = chunked_kernels.segment_tokens = cuda_segment_tokens
+    nonfinite.check_values = validation.check_values = lambda x: False
+    try:
+        with _Recorder(launches):
+            yield
+    finally:
+        (
+            torch.autocast,
+            InterpretedFunction.run,
+            chunked_op.segment_tokens,
+            chunked_kernels.segment_tokens,
+            nonfinite.check_values,
+            validation.check_values,
+        ) = saved
+
+
+def op_inputs(B, T, H, R=64, D=64, M=64, dtype=torch.bfloat16, device="meta"):
+    """q, k, v (B, T, H, ·) in dtype and the op's fp32 parameters, all requiring grad."""
+    from idmix.functional import discretize_real, log_uniform_dt, s4d_inv_init
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, T, H, F, dtype=dtype) for F in (R, R, D))
+    lam_ri, beta_ri = discretize_real(torch.exp(log_uniform_dt(H)), *s4d_inv_init(H, M))
+    G_hat = torch.randn(H, 2 * M, 2 * M) / (2 * M)
+    tensors = [q, k, v, lam_ri, beta_ri, G_hat]
+    return [t.to(device).requires_grad_() for t in tensors]
+
+
+def count(B, T, H, R=64, D=64, M=64, dtype=torch.bfloat16, precision="ieee", reset=False):
+    """(forward launches, backward launches) of one forward+backward of the chunked op on the
+    GPU route. precision "ieee" stands for "tf32" (on CUDA a flag, the same launches)."""
+    from idmix.functional import interdomain_attention_real
+
+    q, k, v, lam_ri, beta_ri, G_hat = op_inputs(B, T, H, R, D, M, dtype)
+    starts = torch.zeros(B, T, dtype=torch.bool, device="meta") if reset else None
+    tokens = B * T * H
+    fwd, bwd = [], []
+    with gpu_route(fwd, tokens):
+        o, _ = interdomain_attention_real(
+            q, k, v, lam_ri, beta_ri, G_hat, backend="triton", precision=precision, reset=starts
+        )
+    do = torch.empty_like(o)
+    with gpu_route(bwd, tokens):
+        torch.autograd.backward(o, do)
+    return fwd, bwd
+
+
+def summary(launches: list[Launch]) -> dict:
+    torch_ops = [x for x in launches if x.kind == "torch"]
+    return {
+        "triton": sum(x.kind == "triton" for x in launches),
+        "torch": len(torch_ops),
+        "torch_bytes": sum(x.nbytes for x in torch_ops),
+        "triton_bytes": sum(x.nbytes for x in launches if x.kind == "triton"),
+        "macs": sum(x.macs for x in launches),
+    }
+
+
+def _rows(launches: list[Launch], tokens: int) -> list[list[str]]:
+    by = Counter()
+    info = {}
+    for x in launches:
+        key = (x.kind, x.name, x.grid)
+        by[key] += 1
+        b, m = info.get(key, (0, 0))
+        info[key] = (b + x.nbytes, m + x.macs)
+    rows = []
+    for (kind, name, grid), n in by.items():
+        b, m = info[(kind, name, grid)]
+        rows.append([
+            kind, name, "x".join(map(str, grid)) or "-", str(n),
+            f"{b / tokens:.0f}", f"{m / tokens:.0f}",
+        ])  # fmt: skip
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--B", type=int, default=1)
+    ap.add_argument("--T", type=int, default=16384)
+    ap.add_argument("--H", type=int, default=4)
+    ap.add_argument("--reset", action="store_true", help="with a document-start mask")
+    args = ap.parse_args(argv)
+    fwd, bwd = count(args.B, args.T, args.H, reset=args.reset)
+    tokens = args.B * args.T * args.H
+    header = ["kind", "launch", "grid", "calls", "bytes/tok·head", "MACs/tok·head"]
+    for title, part in (("forward", fwd), ("backward", bwd)):
+        s = summary(part)
+        print_table(
+            f"{title} at B={args.B}, T={args.T}, H={args.H}: {s['triton']} Triton launches, "
+            f"{s['torch']} PyTorch kernels",
+            header,
+            _rows(part, tokens),
+        )
+    s = summary(fwd + bwd)
+    print(f"\nforward+backward: {s['triton']} Triton launches, {s['torch']} PyTorch kernels")
+
+
+if __name__ == "__main__":
+    main()

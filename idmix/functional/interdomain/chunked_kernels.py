@@ -1,0 +1,291 @@
+"""The shared-decay chunked op on the Triton kernels, as torch custom ops
+(``idmix::chunked_kernels_forward`` and ``idmix::chunked_kernels_backward``): every launch of
+the GPU training path, and nothing between the launches but one strided GEMM per segment
+(w̃ = Ĝ p; in the backward dp = dw̃ Ĝ, dĜ += dw̃ᵀ p) and three small sums.
+
+What the kernels take care of, so that no PyTorch op has to (docs/gpu.md, "The GPU path"):
+- q, k, v, o and their gradients stay in their (B, T, H, ·) layout and dtype: the kernels read
+  and write them by stride through chunk views (no chunk-layout copies, no fp32 casts);
+- p, w̃, dw̃ and the decay partials are laid out per head, (H, B, n, L, 2M), so each product
+  with Ĝ is one batched GEMM over heads and dĜ sums over every row inside it;
+- the decay tables come from (λ, β) in one launch and go back in one (kernels/decay_tables.py);
+- containment of non-finite inputs costs one parallel pass over q, k, v (kernels/nonfinite.py);
+  the chunk kernels zero bad entries as they load them, the state scan finds the poisoned rows
+  as it walks the chunks, pass 2 writes them as NaN, the backward passes them no gradient;
+- a ragged last chunk (T % L) runs the main chunk's compiled kernels on slices of its tables
+  (start[:T%L], end[L-T%L:], λ^{T%L} = start[T%L-1]), masked to its length.
+
+Shapes: q, k (B, T, H, R); v (B, T, H, D) in one float dtype (fp32, bf16 or fp16); lam_ri,
+beta_ri (H, M, 2) fp32; G_hat (H, 2M, 2M) fp32; Z0 (B, H, R+D, 2M) fp32 or None (zeros), with
+non-finite entries already zeroed; bad_init (B, H) int8 or None (heads whose initial state had
+one); reset (B, T) bool or None; precision resolved ("ieee", "tf32" or "bf16").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backend import kernels_module
+from .chunk_layout import chunk_view
+from .chunked import num_pieces, plan, segment_tokens
+from .decays import ChunkDecays
+from .precision import baddbmm, matmul
+from .segments import Piece
+from .validation import refuse_double_backward
+
+
+class _Views:
+    """One piece's chunk views (B, H, n, L, ·) of the (B, T, H, ·) tensors, its decay tables,
+    its document starts (B, n, L) uint8 and its slice of a (B, H, T) per-position tensor."""
+
+    def __init__(self, piece: Piece, L: int, dec: ChunkDecays, reset):
+        self.piece, self.t0, self.t1, self.Lp = piece, piece.t0, piece.t1, piece.L
+        self.n = (piece.t1 - piece.t0) // piece.L
+        self.dec = _piece_decays(dec, L, piece.L)
+        self.reset = (
+            None if reset is None else reset[:, self.t0 : self.t1].unflatten(1, (self.n, self.Lp))
+        )
+
+    def chunks(self, x):
+        return chunk_view(x[:, self.t0 : self.t1], self.n, self.Lp, transpose=False)
+
+    def positions(self, x):
+        return x[:, :, self.t0 : self.t1]
+
+    def per_head(self, H, B, M2, like):
+        """An (H, B, n, L, 2M) fp32 buffer and its (B, H, n, L, 2M) view."""
+        buf = like.new_empty(H, B, self.n, self.Lp, M2, dtype=torch.float32)
+        return buf, buf.transpose(0, 1)
+
+
+def _piece_decays(dec: ChunkDecays, L: int, Lp: int) -> ChunkDecays:
+    """The tables of a ragged tail of length Lp < L as slices of the main ones."""
+    if Lp == L:
+        return dec
+    return ChunkDecays(dec.start[:, :Lp], dec.end[:, L - Lp :], dec.start[:, Lp - 1])
+
+
+def _plan(q, L):
+    return plan(q.shape[1], L, segment_tokens(q, L))
+
+
+def _uint8(reset):
+    return None if reset is None else reset.contiguous().view(torch.uint8)
+
+
+def _with_G(p_heads, G, precision):
+    """w̃ = Ĝ p per head: p (H, B, n, L, 2M) -> (H, B, n, L, 2M), one batched GEMM."""
+    H, M2 = p_heads.shape[0], p_heads.shape[-1]
+    return matmul(p_heads.view(H, -1, M2), G.mT, precision).view(p_heads.shape)
+
+
+@torch.library.custom_op("idmix::chunked_kernels_forward", mutates_args=())
+def chunked_kernels_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam_ri: torch.Tensor,
+    beta_ri: torch.Tensor,
+    G_hat: torch.Tensor,
+    Z0: torch.Tensor | None,
+    bad_init: torch.Tensor | None,
+    reset: torch.Tensor | None,
+    chunk_size: int,
+    precision: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (o (B, T, H, D) in q's dtype, NaN on poisoned rows; the final state (B, H, R+D,
+    2M) fp32, NaN for a head whose last document is poisoned; the states at the segment
+    boundaries (P-1, B, H, R+D, 2M); the poisoned rows (B, H, T) int8; the poison carried past
+    each segment (P+1, B, H) int8)."""
+    kern = kernels_module()
+    B, T, H, R = q.shape
+    D, M, L = v.shape[-1], lam_ri.shape[1], chunk_size
+    pieces = _plan(q, L)
+    dec = ChunkDecays(*kern.decay_tables(lam_ri, beta_ri, L))
+    flags = kern.nonfinite_flags(q, k, v)
+    o = q.new_empty(B, T, H, D)
+    poison = torch.empty(B, H, T, dtype=torch.int8, device=q.device)
+    carry = torch.empty(len(pieces) + 1, B, H, dtype=torch.int8, device=q.device)
+    bounds = q.new_empty(len(pieces) - 1, B, H, R + D, 2 * M, dtype=torch.float32)
+    Z_end = q.new_empty(B, H, R + D, 2 * M, dtype=torch.float32)
+    reset8, BL = _uint8(reset), kern.block(L)
+    Z = Z0
+    for i, piece in enumerate(pieces):
+        pv = _Views(piece, L, dec, reset8)
+        final = i == len(pieces) - 1
+        last = Z_end if final else bounds[i]
+        contain = kern.Containment(
+            pv.positions(flags), pv.positions(poison), bad_init if i == 0 else carry[i],
+            carry[i + 1], final,
+        )  # fmt: skip
+        kv, vv = pv.chunks(k), pv.chunks(v)
+        st = kern.chunk_states(
+            kv, vv, pv.dec.end, pv.dec.chunk, Z, last, pv.reset, precision, contain, BL
+        )
+        p, p_bh = pv.per_head(H, B, 2 * M, q)
+        kern.intra_chunk_pass1(
+            pv.chunks(q), kv, st, pv.dec.start, pv.dec.end, p_bh, pv.reset, precision, BL
+        )
+        w_bh = _with_G(p, G_hat, precision).transpose(0, 1)
+        kern.intra_chunk_pass2(
+            w_bh, vv, st, pv.dec.start, pv.dec.end, R, pv.chunks(o), pv.reset,
+            pv.positions(poison), precision, BL,
+        )  # fmt: skip
+        Z = last
+    return o, Z_end, bounds, poison, carry
+
+
+@chunked_kernels_forward.register_fake
+def _(q, k, v, lam_ri, beta_ri, G_hat, Z0, bad_init, reset, chunk_size, precision):
+    B, T, H, R = q.shape
+    C, M2 = R + v.shape[-1], 2 * lam_ri.shape[1]
+    P = num_pieces(T, chunk_size, segment_tokens(q, chunk_size))
+    f32 = dict(dtype=torch.float32)
+    return (
+        q.new_empty(B, T, H, v.shape[-1]),
+        q.new_empty(B, H, C, M2, **f32),
+        q.new_empty(P - 1, B, H, C, M2, **f32),
+        q.new_empty(B, H, T, dtype=torch.int8),
+        q.new_empty(P + 1, B, H, dtype=torch.int8),
+    )
+
+
+@torch.library.custom_op("idmix::chunked_kernels_backward", mutates_args=())
+def chunked_kernels_backward(
+    do: torch.Tensor,
+    dZ_end: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam_ri: torch.Tensor,
+    beta_ri: torch.Tensor,
+    G_hat: torch.Tensor,
+    Z0: torch.Tensor | None,
+    reset: torch.Tensor | None,
+    bounds: torch.Tensor,
+    poison: torch.Tensor,
+    carry: torch.Tensor,
+    chunk_size: int,
+    precision: str,
+) -> list[torch.Tensor]:
+    """Gradients of (q, k, v, lam_ri, beta_ri, G_hat, Z0), recomputing each segment from the
+    state at its start; Z0's is computed whether or not Z0 was given."""
+    kern = kernels_module()
+    B, T, H, R = q.shape
+    D, M, L = v.shape[-1], lam_ri.shape[1], chunk_size
+    pieces = _plan(q, L)
+    dec = ChunkDecays(*kern.decay_tables(lam_ri, beta_ri, L))
+    dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+    reset8, BL = _uint8(reset), kern.block(L)
+    scratch = q.new_empty(B, H, R + D, 2 * M, dtype=torch.float32)
+    grads = _TableGrads(dec)
+    dG, dZ = None, dZ_end
+    for i in reversed(range(len(pieces))):
+        pv = _Views(pieces[i], L, dec, reset8)
+        final = i == len(pieces) - 1
+        qv, kv, vv = pv.chunks(q), pv.chunks(k), pv.chunks(v)
+        f32 = dict(dtype=torch.float32)
+        Zi = Z0 if i == 0 else bounds[i - 1]
+        st = kern.chunk_states(
+            kv, vv, pv.dec.end, pv.dec.chunk, Zi, scratch, pv.reset, precision, None, BL
+        )
+        p, p_bh = pv.per_head(H, B, 2 * M, q)
+        kern.intra_chunk_pass1(qv, kv, st, pv.dec.start, pv.dec.end, p_bh, pv.reset, precision, BL)
+        w_bh = _with_G(p, G_hat, precision).transpose(0, 1)
+        dw, dw_bh = pv.per_head(H, B, 2 * M, q)
+        ge, ge_bh = pv.per_head(H, B, 2 * M, q)
+        gs, gs_bh = pv.per_head(H, B, 2 * M, q)
+        dv_in = q.new_empty(B, H, pv.n, pv.Lp, D, **f32)
+        dxv = q.new_empty(B, H, pv.n, D, 2 * M, **f32)
+        kern.intra_chunk_pass2_backward(
+            pv.chunks(do), w_bh, vv, st, pv.dec.start, pv.dec.end, R, dv_in, dw_bh, ge_bh,
+            gs_bh, dxv, pv.reset, pv.positions(poison), precision, BL,
+        )  # fmt: skip
+        dw_rows, p_rows = dw.view(H, -1, 2 * M), p.view(H, -1, 2 * M)
+        dp_bh = matmul(dw_rows, G_hat, precision).view(dw.shape).transpose(0, 1)
+        dG = (
+            matmul(dw_rows.mT, p_rows, precision)
+            if dG is None
+            else baddbmm(dG, dw_rows.mT, p_rows, precision)
+        )
+        dq_lag = q.new_empty(B, H, pv.n, pv.Lp, R, **f32)
+        dkT = q.new_empty(B, H, pv.n, R, pv.Lp, **f32)
+        dxk = q.new_empty(B, H, pv.n, R, 2 * M, **f32)
+        kern.intra_chunk_pass1_backward(
+            dp_bh, qv, kv, st, pv.dec.start, pv.dec.end, dq_lag, dkT, dxk, ge_bh, gs_bh,
+            pv.chunks(dq), pv.reset, precision, BL,
+        )  # fmt: skip
+        g_inc, dZ, d_chunk = kern.chunk_states_backward(
+            dxk, dxv, dZ, pv.dec.chunk, st, pv.Lp, pv.reset, carry[-1] if final else None, BL
+        )
+        kern.input_grads(
+            g_inc, pv.dec.end, kv, vv, dkT, dv_in, ge_bh, pv.chunks(dk), pv.chunks(dv),
+            pv.reset, precision, BL,
+        )  # fmt: skip
+        grads.add(pv.Lp, gs.flatten(1, 2).sum(1), ge.flatten(1, 2).sum(1), d_chunk.sum((0, 2)))
+    d_lam, d_beta = kern.decay_tables_backward(lam_ri, beta_ri, *grads.tables(), L)
+    return [dq, dk, dv, d_lam, d_beta, dG, dZ]
+
+
+class _TableGrads:
+    """The decay tables' gradients summed over the pieces; a ragged tail's go to the slices of
+    the main tables it read (``_piece_decays``)."""
+
+    def __init__(self, dec: ChunkDecays):
+        self.L, self.dec = dec.start.shape[1], dec
+        self.start = self.end = self.chunk = None
+
+    def add(self, Lp: int, d_start, d_end, d_chunk) -> None:
+        if self.start is None and Lp == self.L:
+            self.start, self.end, self.chunk = d_start, d_end, d_chunk
+            return
+        if self.start is None:
+            self.start, self.end, self.chunk = (torch.zeros_like(t) for t in self.dec)
+        if Lp == self.L:
+            self.start += d_start
+            self.end += d_end
+            self.chunk += d_chunk
+        else:
+            self.start[:, :Lp] += d_start
+            self.end[:, self.L - Lp :] += d_end
+            self.start[:, Lp - 1] += d_chunk
+
+    def tables(self):
+        return self.start, self.end, self.chunk
+
+
+@chunked_kernels_backward.register_fake
+def _(do, dZ_end, q, k, v, lam_ri, beta_ri, G_hat, Z0, reset, bounds, poison, carry, L, prec):
+    B, _, H, R = q.shape
+    C, M2 = R + v.shape[-1], 2 * lam_ri.shape[1]
+    grads = [torch.empty_like(t) for t in (q, k, v, lam_ri, beta_ri, G_hat)]
+    return [*grads, q.new_empty(B, H, C, M2, dtype=torch.float32)]
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, lam_ri, beta_ri, G_hat, Z0, _bad_init, reset, chunk_size, precision = inputs
+    _o, _Z, bounds, poison, carry = output
+    ctx.set_materialize_grads(False)  # an unused output's gradient stays None, not zeros
+    ctx.chunk_size, ctx.precision = chunk_size, precision
+    ctx.has_Z0, ctx.has_reset = Z0 is not None, reset is not None
+    extra = [t for t in (Z0, reset) if t is not None]
+    ctx.save_for_backward(q, k, v, lam_ri, beta_ri, G_hat, bounds, poison, carry, *extra)
+    ctx.mark_non_differentiable(bounds, poison, carry)
+
+
+def _backward(ctx, do, dZ_end, _d_bounds, _d_poison, _d_carry):
+    q, k, v, lam_ri, beta_ri, G_hat, bounds, poison, carry, *extra = ctx.saved_tensors
+    Z0 = extra.pop(0) if ctx.has_Z0 else None
+    reset = extra.pop(0) if ctx.has_reset else None
+    if do is None:
+        do = q.new_zeros(*q.shape[:-1], v.shape[-1])
+    grads = torch.ops.idmix.chunked_kernels_backward(
+        do, dZ_end, q, k, v, lam_ri, beta_ri, G_hat, Z0, reset, bounds, poison, carry,
+        ctx.chunk_size, ctx.precision,
+    )  # fmt: skip
+    grads = refuse_double_backward(grads, (do, q, k, v, lam_ri, beta_ri, G_hat))
+    dq, dk, dv, d_lam, d_beta, dG, dZ0 = grads
+    return dq, dk, dv, d_lam, d_beta, dG, dZ0 if ctx.has_Z0 else None, None, None, None, None
+
+
+chunked_kernels_forward.register_autograd(_backward, setup_context=_setup_context)
