@@ -54,8 +54,12 @@ DEVICES = {
     90: dict(name="sm_90 (H100/H200)", max_shared=232448, sm_shared=233472, regs=65536),
     80: dict(name="sm_80 (A100)", max_shared=166912, sm_shared=167936, regs=65536),
 }
-# kernels whose work is not a matrix product: elementwise recurrences and matrix-vector steps
-NO_TENSOR_CORES = {"_states_bwd_kernel", "_decode_step_kernel", "_grads_kernel"}
+# kernels whose work is not a matrix product: elementwise recurrences and matrix-vector steps,
+# the non-finite flags and the decay tables
+NO_TENSOR_CORES = {
+    "_states_bwd_kernel", "_decode_step_kernel", "_grads_kernel", "_flags_kernel",
+    "_tables_fwd_kernel", "_tables_bwd_kernel",
+}  # fmt: skip
 SASS_OPS = ("HGMMA", "HMMA", "FFMA", "LDL", "STL", "LDS", "STS")
 
 
@@ -244,24 +248,24 @@ def _judge(f: Facts) -> None:
 
 def chunked_case(T, H, R, D, M, L, reset: bool, precision: str, B=1, dtype=torch.bfloat16):
     """The chunked op's forward and backward on the Triton kernels (the custom ops
-    ``idmix::chunked_forward`` and ``idmix::chunked_backward``), at one shape, with q, k, v in
-    dtype (bf16: what a bf16 model hands the op)."""
-    from idmix.functional.interdomain import chunked, chunked_op
+    ``idmix::chunked_kernels_forward`` and ``idmix::chunked_kernels_backward``, every launch of
+    the GPU training path), at one shape, with q, k, v in dtype (bf16: what a bf16 model hands
+    the op)."""
+    from idmix.functional.interdomain import chunked_kernels as op
 
     q, k = torch.empty(B, T, H, R, dtype=dtype), torch.empty(B, T, H, R, dtype=dtype)
     v = torch.empty(B, T, H, D, dtype=dtype)
     lam = torch.full((H, M, 2), 0.5)
-    decays = chunked.chunk_decay_inputs(lam, lam, T, L)
     G = torch.empty(H, 2 * M, 2 * M)
-    Z0 = torch.zeros(B, H, R + D, 2 * M)
     starts = torch.zeros(B, T, dtype=torch.bool)
     starts[:, T // 3] = True
     r = starts if reset else None
-    decays = list(decays)
-    o, Z, seg = chunked_op.chunked_forward(q, k, v, decays, G, Z0, r, L, "triton", precision)
-    chunked_op.chunked_backward(
-        torch.empty_like(o), torch.empty_like(Z), q, k, v, decays, G, seg, r, L, "triton",
-        precision,
+    o, Z, bounds, poison, carry = op.chunked_kernels_forward(
+        q, k, v, lam, lam, G, None, None, r, L, precision
+    )
+    op.chunked_kernels_backward(
+        torch.empty_like(o), torch.empty_like(Z), q, k, v, lam, lam, G, None, r, bounds, poison,
+        carry, L, precision,
     )  # fmt: skip
 
 

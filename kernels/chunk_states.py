@@ -56,19 +56,22 @@ def _chunk_masks(starts):
 
 
 @triton.jit
-def _chunk_poison(flags, starts, carry_in, BL: tl.constexpr):
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _chunk_poison(flags, starts, carry_in):
     """Containment along one chunk (kernels/nonfinite.py): flags (BL,) int8, bit 0 a non-finite
     k or v, bit 1 a non-finite q, at each position; starts (BL,) document starts; carry_in: the
     chunk opens inside a poisoned document. Returns (the output poison (BL,): a bad k or v at or
-    before t in t's document, or a bad q at t; the poison carried out of the chunk end)."""
-    bad = (flags & 1).to(tl.int32)
+    before t in t's document, or a bad q at t; the poison carried out of the chunk end, int32).
+    Documents only grow along the chunk, so t's is poisoned when the last bad position up to t
+    is in it: one prefix max (an in-register scan)."""
     d = tl.cumsum(starts, 0)  # the document within the chunk; 0 continues the carried one
-    ll = tl.arange(0, BL)
-    reach = (ll[None, :] <= ll[:, None]) & (d[None, :] == d[:, None])  # (t, s)
-    hit = tl.max(tl.where(reach, bad[None, :], 0), 1) > 0
-    poisoned = hit | ((d == 0) & (carry_in != 0))
-    last = tl.sum(starts, 0)
-    carry_out = (tl.max(tl.where(d == last, bad, 0), 0) > 0) | ((last == 0) & (carry_in != 0))
+    last_bad = tl.associative_scan(tl.where((flags & 1) != 0, d, -1), 0, _max)
+    poisoned = (last_bad == d) | ((d == 0) & (carry_in != 0))
+    carry_out = tl.max(tl.where(d == tl.sum(starts, 0), poisoned.to(tl.int32), 0), 0)
     return poisoned | ((flags & 2) != 0), carry_out
 
 
@@ -147,7 +150,7 @@ def _states_fwd_kernel(
         if CONTAIN:
             f_off = b * s_fb + h * s_fh + j * s_fn + ll
             flags = tl.load(flags_ptr + f_off, mask=ll < L, other=0)
-            poisoned, carry_in = _chunk_poison(flags, starts, carry_in, BL)
+            poisoned, carry_in = _chunk_poison(flags, starts, carry_in)
             tl.store(poison_ptr + f_off, poisoned.to(tl.int8), mask=(ll < L) & writer)
         S = mma(z, end, _cmul_row(kr, ki, S), PREC)
     if POISON_END:  # the final state of a head whose last document is poisoned: NaN
@@ -254,7 +257,8 @@ def chunk_states(k, v, end, chunk, Z0, last, reset=None, precision="ieee", conta
             *starts.stride()[:4], *last.stride()[:3],
             HAS_RESET=has_reset, HAS_Z0=Z0 is not None, PREC=PRECISION_CODES[precision],
             CONTAIN=c is not None, HAS_CARRY=bool(c and c.carry_in is not None),
-            POISON_END=bool(c and c.poison_end), BL=BL or block(L), BC=BC, BM=BM, num_warps=4,
+            POISON_END=bool(c and c.poison_end), BL=BL or block(L), BC=BC, BM=BM,
+            num_warps=8 if c else 4,  # containment's scan needs the registers of 8 warps
         )  # fmt: skip
     return starts
 

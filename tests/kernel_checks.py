@@ -180,7 +180,10 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
     # itself (its rounding mode is not documented), so there the two TF32 paths are two
     # TF32 approximations: held within 2x of TF32's error against IEEE (≤ 6.8e-4 measured,
     # docs/precision.md); bf16 operands are rounded alike on both (to nearest even).
-    tol = tol or {"tf32": 2e-6 if device == "cpu" else 1.5e-3, "bf16": 2e-6}
+    # On CPU the kernels' decay tables (binary powers, kernels/decay_tables.py) differ from the
+    # PyTorch path's (polar form) by ~1e-7, enough to move a few TF32 operands across a rounding
+    # boundary: measured 2.04e-6 on the final value state of the first case (other tensors lower).
+    tol = tol or {"tf32": 4e-6 if device == "cpu" else 1.5e-3, "bf16": 2e-6}
     chunked.SEGMENT_TOKENS = 32 if device == "cpu" else 512
     try:
         for B, T, H, R, D, M, L, dt, starts, readout, _ in PRECISION_CASES:

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from ..readout import readout_gram
-from .backend import resolve_backend
+from .backend import shared_on_kernels
 from .chunked import chunk_decay_inputs
 from .chunked_kernels import chunked_kernels_forward
 from .chunked_op import chunked_forward
@@ -130,9 +130,7 @@ def _on_kernels(q, k, v, decays: SharedDecays, G_hat, initial_state, opt: Option
 
 def _takes_kernels(q, decays: Decays, impl: str, opt: Options) -> bool:
     return (
-        impl == "chunked"
-        and isinstance(decays, SharedDecays)
-        and resolve_backend(opt.backend, q).name == "triton"
+        impl == "chunked" and isinstance(decays, SharedDecays) and shared_on_kernels(opt.backend, q)
     )
 
 

@@ -54,7 +54,8 @@ def _kernels():
 
 def kernels_module():
     """The idmix_kernels module (raises the ImportError that says why when it is missing)."""
-    return _kernels() or importlib.import_module("idmix_kernels")
+    kernels = _kernels()
+    return importlib.import_module("idmix_kernels") if kernels is None else kernels
 
 
 def _wants_triton(backend: str, x: torch.Tensor) -> bool:
@@ -68,6 +69,21 @@ def takes_triton(backend: str, x: torch.Tensor) -> bool:
     when the kernels are installed."""
     check_backend(backend, x)
     return _wants_triton(backend, x)
+
+
+def shared_on_kernels(backend: str, x: torch.Tensor) -> bool:
+    """Whether the shared-decay chunked path runs on the kernels (``chunked_kernels``) for
+    inputs like x: as ``resolve_backend`` would pick "triton", without building the backend (so
+    that torch.compile traces it as a plain condition)."""
+    if backend == "inductor" or not _wants_triton(backend, x):
+        return False
+    if x.dtype == torch.float64:
+        if backend == "triton":
+            raise ValueError(
+                "backend='triton': the kernels compute in fp32; fp64 inputs take 'torch'"
+            )
+        return False
+    return True
 
 
 _TORCH = Backend("torch", TorchChunkOps, SelectiveTorchOps, False)

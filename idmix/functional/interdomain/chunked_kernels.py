@@ -279,6 +279,9 @@ def _backward(ctx, do, dZ_end, _d_bounds, _d_poison, _d_carry):
     reset = extra.pop(0) if ctx.has_reset else None
     if do is None:
         do = q.new_zeros(*q.shape[:-1], v.shape[-1])
+    # the kernels read by stride with a unit last one (a sum's gradient comes expanded)
+    do = do if do.stride(-1) == 1 else do.contiguous()
+    dZ_end = None if dZ_end is None else dZ_end.contiguous()
     grads = torch.ops.idmix.chunked_kernels_backward(
         do, dZ_end, q, k, v, lam_ri, beta_ri, G_hat, Z0, reset, bounds, poison, carry,
         ctx.chunk_size, ctx.precision,
