@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import sys
@@ -42,7 +43,7 @@ class Launch(NamedTuple):
     grid: tuple  # programs per axis (Triton), () for PyTorch
     nbytes: int  # bytes read and written in HBM (per-token tensors; see _traffic)
     macs: int  # multiply-adds of matrix products
-    ints: dict  # the integer arguments by name (Triton), {} for PyTorch
+    ints: dict  # the integer arguments by name (Triton); for a PyTorch scan, its length
 
 
 # Ops that launch nothing: metadata, views, allocations (their children, if any, are counted).
@@ -93,10 +94,11 @@ class _Recorder(TorchDispatchMode):
         ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         name = func.__name__.split(".")[0]
+        extra = {"scan": args[0].shape[args[1]]} if name == "cummax" else {}
         in_bytes = sum(_nbytes(t) for t in ins)
         out_bytes = sum(_nbytes(t) for t in outs if not any(t is i for i in ins))
         self.launches.append(
-            Launch("torch", name, (), in_bytes + out_bytes, _gemm_macs(name, args, out), {})
+            Launch("torch", name, (), in_bytes + out_bytes, _gemm_macs(name, args, out), extra)
         )
         return out
 
@@ -132,13 +134,7 @@ def gpu_route(launches: list[Launch], tokens: int):
     """Run the chunked op as on a CUDA tensor, recording its launches and skipping the kernels."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from idmix.functional.interdomain import (
-        chunked,
-        chunked_kernels,
-        chunked_op,
-        nonfinite,
-        validation,
-    )
+    from idmix.functional.interdomain import chunked, nonfinite, validation
 
     def cuda_segment_tokens(q, L):
         per_row = chunked.GPU_SEGMENT_TOKEN_HEADS // max(1, q.shape[0] * q.shape[2])
@@ -168,30 +164,26 @@ def gpu_route(launches: list[Launch], tokens: int):
             return contextlib.nullcontext()
         return autocast(device_type, *args, **kwargs)
 
-    saved = (
-        torch.autocast,
-        InterpretedFunction.run,
-        chunked_op.segment_tokens,
-        chunked_kernels.segment_tokens,
-        nonfinite.check_values,
-        validation.check_values,
-    )
-    torch.autocast = meta_autocast
-    InterpretedFunction.run = record
-    chunked_op.segment_tokens = chunked_kernels.segment_tokens = cuda_segment_tokens
-    nonfinite.check_values = validation.check_values = lambda x: False
+    import importlib
+
+    patches = [(torch, "autocast", meta_autocast), (InterpretedFunction, "run", record)]
+    patches += [(nonfinite, "check_values", lambda x: False)]
+    patches += [(validation, "check_values", lambda x: False)]
+    for name in ("chunked_op", "chunked_kernels"):  # whichever the checked-out code has
+        try:
+            module = importlib.import_module(f"idmix.functional.interdomain.{name}")
+        except ImportError:
+            continue
+        patches.append((module, "segment_tokens", cuda_segment_tokens))
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
+    for obj, attr, value in patches:
+        setattr(obj, attr, value)
     try:
         with _Recorder(launches):
             yield
     finally:
-        (
-            torch.autocast,
-            InterpretedFunction.run,
-            chunked_op.segment_tokens,
-            chunked_kernels.segment_tokens,
-            nonfinite.check_values,
-            validation.check_values,
-        ) = saved
+        for obj, attr, value in saved:
+            setattr(obj, attr, value)
 
 
 def op_inputs(B, T, H, R=64, D=64, M=64, dtype=torch.bfloat16, device="meta"):
@@ -223,6 +215,19 @@ def count(B, T, H, R=64, D=64, M=64, dtype=torch.bfloat16, precision="ieee", res
     with gpu_route(bwd, tokens):
         torch.autograd.backward(o, do)
     return fwd, bwd
+
+
+def as_json(launches: list[Launch]) -> list[dict]:
+    """Identical launches merged, with a count: what benchmarks/cost_model.py reads."""
+    merged: dict = {}
+    for x in launches:
+        key = json.dumps([x.kind, x.name, x.grid, x.nbytes, x.macs, x.ints], sort_keys=True)
+        merged[key] = merged.get(key, 0) + 1
+    rows = []
+    for key, n in merged.items():
+        kind, name, grid, nbytes, macs, ints = json.loads(key)
+        rows.append(dict(kind=kind, name=name, grid=grid, nbytes=nbytes, macs=macs, ints=ints, n=n))
+    return rows
 
 
 def summary(launches: list[Launch]) -> dict:
@@ -260,8 +265,11 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=16384)
     ap.add_argument("--H", type=int, default=4)
     ap.add_argument("--reset", action="store_true", help="with a document-start mask")
+    ap.add_argument("--json", type=Path, help="write {forward, backward: [launch]} here")
     args = ap.parse_args(argv)
     fwd, bwd = count(args.B, args.T, args.H, reset=args.reset)
+    if args.json:
+        args.json.write_text(json.dumps({"forward": as_json(fwd), "backward": as_json(bwd)}))
     tokens = args.B * args.T * args.H
     header = ["kind", "launch", "grid", "calls", "bytes/tok·head", "MACs/tok·head"]
     for title, part in (("forward", fwd), ("backward", bwd)):

@@ -181,9 +181,11 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
     # TF32 approximations: held within 2x of TF32's error against IEEE (≤ 6.8e-4 measured,
     # docs/precision.md); bf16 operands are rounded alike on both (to nearest even).
     # On CPU the kernels' decay tables (binary powers, kernels/decay_tables.py) differ from the
-    # PyTorch path's (polar form) by ~1e-7, enough to move a few TF32 operands across a rounding
-    # boundary: measured 2.04e-6 on the final value state of the first case (other tensors lower).
-    tol = tol or {"tf32": 4e-6 if device == "cpu" else 1.5e-3, "bf16": 2e-6}
+    # PyTorch path's (polar form) by ~1e-6, so a few table entries land on the other side of a
+    # rounding boundary, and every chunk reuses each entry: measured up to 1.8e-4 at TF32 (dk of
+    # the second case) and 8.2e-6 at bf16, below each precision's own error against IEEE
+    # (4.9e-4..6.2e-4 and 4.1e-3..4.3e-3 on o). Each run is also held to be that far off IEEE.
+    tol = tol or {"tf32": 3e-4 if device == "cpu" else 1.5e-3, "bf16": 1.5e-5}
     chunked.SEGMENT_TOKENS = 32 if device == "cpu" else 512
     try:
         for B, T, H, R, D, M, L, dt, starts, readout, _ in PRECISION_CASES:
@@ -198,9 +200,9 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
                 for i, (a, b) in enumerate(zip(tri, ref, strict=True)):
                     what = f"{precision}: triton vs torch {T, R, D, M} tensor {i}"
                     assert_rel(a, b, bound, what, max_tol=max(1e-4, 10 * bound))
-                gap = rel_rmse(ref[0], exact[0])
-                if bound < 1e-5:  # the rounding is applied, and applied alike
-                    assert gap > 10 * rel_rmse(tri[0], ref[0]), f"{precision}: rounding not applied"
+                gap = rel_rmse(ref[0], exact[0])  # the rounding is applied, and applied alike
+                assert gap > 10 * rel_rmse(tri[0], ref[0]), f"{precision}: rounding not applied"
+                assert rel_rmse(tri[0], exact[0]) > gap / 2, f"{precision}: kernels not rounded"
     finally:
         chunked.SEGMENT_TOKENS = 512
 
