@@ -10,10 +10,10 @@ programs over the SMs) and PyTorch's cummax (one thread per (row, head) walking 
 fractions, the per-chunk step and the per-element cummax step are fitted (least squares on the
 log of the ratio, forward and forward+backward at the seven measured lengths).
 
-    python benchmarks/cost_model.py                      # fit on the stored aa05976 launches, predict
+    python benchmarks/cost_model.py                  # fit on the stored aa05976 launches, predict
     python benchmarks/cost_model.py --markdown out.md
-    python benchmarks/cost_model.py --count-old DIR      # recount aa05976 from a checkout at DIR
-                                                         # (git worktree add DIR aa05976)
+    python benchmarks/cost_model.py --count-old DIR  # recount aa05976 from a checkout at DIR
+                                                     # (git worktree add DIR aa05976)
 """
 
 from __future__ import annotations
@@ -137,8 +137,9 @@ def breakdown(launches: list[dict], p) -> dict:
 def report(old: dict, new: dict):
     p, worst = fit(old)
     sections = []
+    within = 100 * (math.exp(worst) - 1)
     sections.append((
-        f"Fitted to the H200 run of aa05976 (worst point within {100 * (math.exp(worst) - 1):.0f}%)",
+        f"Fitted to the H200 run of aa05976 (worst point within {within:.0f}%)",
         ["parameter", "value"],
         [[n, f"{v:.3g}"] for n, v in zip(PARAMS, p, strict=True)],
     ))  # fmt: skip

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The one prepared GPU run (docs/gpu.md): on a CUDA machine, the kernel checks against the
-# PyTorch path on the GPU (tests/kernel_checks.py: every kernel, shape, dtype and precision), then
-# the benchmark against SDPA's flash backend and the decode step (benchmarks/bench_gpu.py),
-# which writes benchmarks/results/h200.md (or $OUT/h200.md when $OUT is set: the device tool's
-# folder that comes back), then each kernel's share of the time (benchmarks/profile_gpu.py,
-# h200_profile.md). Meant to finish in under 8 minutes on an H200.
+# The one prepared GPU run (docs/gpu.md), ordered by what we lack most: first where the time
+# goes (benchmarks/profile_gpu.py: device time per kernel and per PyTorch op of one
+# forward+backward at 64 x 1K and 1 x 64K, and the decode step), then the benchmark against
+# SDPA's flash backend (benchmarks/bench_gpu.py: 1K-64K, forward and forward+backward, TF32 and
+# bf16 products, autotuning time, the decode step), then the kernel checks against the PyTorch
+# path (tests/kernel_checks.py). Reports go to benchmarks/results/<device>.md and
+# <device>_profile.md (<device>: h100, h200, ... from the GPU's name; $OUT/... when $OUT is set:
+# the device tool's folder that comes back). Each stage has its own time cap; under 8 minutes.
 #
 #   bash benchmarks/gpu_check.sh             # on the GPU machine, from the repository root
-#   bash benchmarks/gpu_check.sh --dry-run   # the benchmark and profile steps on CPU, tiny, interpreted
+#   bash benchmarks/gpu_check.sh --dry-run   # the profile and benchmark steps on CPU, tiny, interpreted
 #
 # It needs only torch and triton: idmix runs from the checkout (PYTHONPATH), with the
 # kernels package reachable as idmix_kernels through a link, so nothing is installed.
@@ -22,32 +24,38 @@ export PYTHONPATH="$root:$shim${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 start=$(date +%s)
 if [[ "${1:-}" == "--dry-run" ]]; then
-    "$py" benchmarks/bench_gpu.py --dry-run --markdown "$out/h200.md"
-    "$py" benchmarks/profile_gpu.py --dry-run --markdown "$out/h200_profile.md"
+    "$py" benchmarks/profile_gpu.py --dry-run --markdown "$out/dry_run_profile.md"
+    "$py" benchmarks/bench_gpu.py --dry-run --markdown "$out/dry_run.md"
     exit 0
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
-"$py" - <<'PY'
-import torch, triton
-print("device:", torch.cuda.get_device_name(), "| torch", torch.__version__, "| triton", triton.__version__)
+name=$("$py" - <<'PY'
+import re, torch, triton
+full = torch.cuda.get_device_name()
+print("device:", full, "| torch", torch.__version__, "| triton", triton.__version__, flush=True)
+m = re.search(r"\b([A-Z]\d{2,3})\b", full)
+print(m.group(1).lower() if m else re.sub(r"\W+", "_", full).strip("_").lower())
 PY
-# Each stage has its own time cap, so a slow first stage still leaves the benchmark its turn;
-# the kernel checks keep going past a failure and print every one.
+)
+echo "$name" | head -1
+device=$(echo "$name" | tail -1)
 set +e
-timeout "${CHECKS_SECONDS:-300}" "$py" tests/kernel_checks.py cuda --keep-going 2>&1 \
-    | tee "$out/gpu_tests.txt"
-tests=${PIPESTATUS[0]}
-echo "kernel checks: exit $tests after $(( $(date +%s) - start )) s"
-timeout "${BENCH_SECONDS:-100}" "$py" benchmarks/bench_gpu.py --markdown "$out/h200.md" 2>&1 \
+timeout "${PROFILE_SECONDS:-90}" "$py" benchmarks/profile_gpu.py \
+    --markdown "$out/${device}_profile.md" 2>&1 | tee "$out/profile_gpu.txt"
+profiled=${PIPESTATUS[0]}
+echo "profile: exit $profiled after $(( $(date +%s) - start )) s"
+timeout "${BENCH_SECONDS:-150}" "$py" benchmarks/bench_gpu.py --markdown "$out/$device.md" 2>&1 \
     | tee "$out/bench_gpu.txt"
 bench=${PIPESTATUS[0]}
-timeout "${PROFILE_SECONDS:-60}" "$py" benchmarks/profile_gpu.py --markdown "$out/h200_profile.md" \
-    2>&1 | tee "$out/profile_gpu.txt"
-profiled=${PIPESTATUS[0]}
+echo "benchmark: exit $bench after $(( $(date +%s) - start )) s"
+timeout "${CHECKS_SECONDS:-200}" "$py" tests/kernel_checks.py cuda --keep-going 2>&1 \
+    | tee "$out/gpu_tests.txt"
+tests=${PIPESTATUS[0]}
 set -e
 { echo; echo "GPU kernel checks (tests/kernel_checks.py cuda --keep-going): exit $tests"; \
   grep -E "^(ok|FAIL) |kernel checks" "$out/gpu_tests.txt"; \
-  for name in $("$py" -c 'from tests import kernel_checks as k; print(*(c.__name__ for c in k.CHECKS))'); do
-      grep -qE "^(ok|FAIL) +$name " "$out/gpu_tests.txt" || echo "not reached: $name"; done; echo; \
-  echo "benchmark: exit $bench; profile: exit $profiled; whole run: $(( $(date +%s) - start )) s"; } >> "$out/h200.md"
+  for check in $("$py" -c 'from tests import kernel_checks as k; print(*(c.__name__ for c in k.CHECKS))'); do
+      grep -qE "^(ok|FAIL) +$check " "$out/gpu_tests.txt" || echo "not reached: $check"; done; echo; \
+  echo "profile: exit $profiled; benchmark: exit $bench; whole run: $(( $(date +%s) - start )) s"; } \
+  >> "$out/$device.md"
 exit $(( tests || bench || profiled ))

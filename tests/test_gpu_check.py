@@ -20,11 +20,12 @@ def test_gpu_check_dry_run_writes_the_report(tmp_path):
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    report = (tmp_path / "h200.md").read_text()
+    report = (tmp_path / "dry_run.md").read_text()
     for heading in ("## Training path", "## Decode step", "## Autotune choices"):
         assert heading in report
     assert "| 128 | 1 |" in report  # the dry run's one length, one row
-    profile = (tmp_path / "h200_profile.md").read_text()
+    profile = (tmp_path / "dry_run_profile.md").read_text()
     for heading in ("## Forward+backward, T = 128, B = 1", "## Decode step"):
         assert heading in profile
-    assert "idmix::chunked_backward" in profile  # the op's own backward, timed by name
+    assert "idmix::chunked_kernels_backward" in profile  # the op's own backward, timed by name
+    assert "first call, with autotuning" in profile
