@@ -198,3 +198,27 @@ def test_containment_path_is_exact_on_finite_inputs(base, monkeypatch):
         results.append((o, *s, *(t.grad for t in x.values())))
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_poisoned_rows_by_parallel_counts_equal_a_walk_along_t(seed):
+    """``nonfinite._poisoned`` (cumulative counts and a gather at each document's start) marks
+    exactly the positions a walk along T would: a bad position at or before t in t's document,
+    or a bad initial state while document 0 lasts."""
+    from idmix.functional.interdomain.nonfinite import _poisoned
+
+    g = torch.Generator().manual_seed(seed)
+    Bs, Ts, Hs = 3, 29, 2
+    bad = torch.rand(Bs, Ts, Hs, generator=g) < 0.05
+    reset = torch.rand(Bs, Ts, generator=g) < 0.15 if seed % 3 else None
+    bad_init = torch.rand(Bs, Hs, generator=g) < 0.4 if seed % 2 else None
+    expected = torch.zeros(Bs, Ts, Hs, dtype=torch.bool)
+    for b in range(Bs):
+        for h in range(Hs):
+            on, doc = bool(bad_init[b, h]) if bad_init is not None else False, 0
+            for t in range(Ts):
+                if reset is not None and reset[b, t]:
+                    on, doc = False, doc + 1
+                on = on or bool(bad[b, t, h])
+                expected[b, t, h] = on
+    assert torch.equal(_poisoned(bad, reset, bad_init), expected)

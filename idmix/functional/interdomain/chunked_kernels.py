@@ -242,13 +242,13 @@ class _TableGrads:
         if self.start is None:
             self.start, self.end, self.chunk = (torch.zeros_like(t) for t in self.dec)
         if Lp == self.L:
-            self.start += d_start
-            self.end += d_end
-            self.chunk += d_chunk
-        else:
-            self.start[:, :Lp] += d_start
-            self.end[:, self.L - Lp :] += d_end
-            self.start[:, Lp - 1] += d_chunk
+            self.start.add_(d_start)
+            self.end.add_(d_end)
+            self.chunk.add_(d_chunk)
+        else:  # in place on the slices (an augmented assignment would copy them back)
+            self.start[:, :Lp].add_(d_start)
+            self.end[:, self.L - Lp :].add_(d_end)
+            self.start[:, Lp - 1].add_(d_chunk)
 
     def tables(self):
         return self.start, self.end, self.chunk

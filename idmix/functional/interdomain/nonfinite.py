@@ -62,6 +62,31 @@ def _surely_finite(x0, tensors, initial_state) -> bool:
     return bool(torch.isfinite(total))
 
 
+def _poisoned(bad: torch.Tensor, reset, bad_init) -> torch.Tensor:
+    """(B, T, H): a bad position at or before t in t's document (or a bad initial state, for
+    document 0), by parallel ops only: the bad count before t's document start, subtracted
+    from the running count (no serial scan along T, as torch's cummax would be on a GPU)."""
+    B, T, H = bad.shape
+    count = bad.long().cumsum(dim=1)  # bad positions in [0, t]
+    if reset is None:
+        within = count
+        doc0 = torch.ones(B, T, 1, dtype=torch.bool, device=bad.device)
+    else:
+        doc = reset.long().cumsum(dim=1)  # the document of each position; 0 continues the state
+        t = torch.arange(T, device=bad.device).expand(B, T)
+        first = torch.full((B, T + 1), T, dtype=torch.long, device=bad.device)
+        first = first.scatter_reduce(1, doc, torch.where(reset, t, T), "amin", include_self=True)
+        start = first.gather(1, doc).clamp(max=T - 1)  # (B, T): t's document start (0 for doc 0)
+        start = torch.where(doc == 0, 0, start)
+        before = (count - bad.long()).gather(1, start[..., None].expand(B, T, H))
+        within = count - before
+        doc0 = (doc == 0)[..., None]
+    poisoned = within > 0
+    if bad_init is not None:
+        poisoned = poisoned | (doc0 & bad_init[:, None, :])
+    return poisoned
+
+
 def contain(carried, read, reset, initial_state):
     """carried: tensors (B, T, H, ·) that enter the state (k, v; z of the S4D readout); read:
     tensors (B, T, H, ·) used at their own position only (q); initial_state: None, a tensor
@@ -74,20 +99,15 @@ def contain(carried, read, reset, initial_state):
     bad = torch.zeros(B, T, H, dtype=torch.bool, device=x0.device)
     for x in carried:  # out of place: under torch.func.vmap, x may be batched and bad not
         bad = bad | _bad(x)
-    doc = torch.zeros(B, T, dtype=torch.long, device=x0.device)
-    if reset is not None:
-        doc = reset.long().cumsum(dim=1)  # the document of each position; 0 continues the state
-    doc = doc[:, :, None].expand(B, T, H)
-    last_bad = torch.where(bad, doc, torch.full_like(doc, -1))
+    bad_init = None
     if initial_state is not None:  # a bad initial state poisons document 0 of its head
         parts = initial_state if isinstance(initial_state, (tuple, list)) else (initial_state,)
         bad_init = torch.zeros(B, H, dtype=torch.bool, device=x0.device)
         for part in parts:
             bad_init = bad_init | ~_finite(part).flatten(2).all(dim=-1)
-        last_bad = torch.maximum(last_bad, torch.where(bad_init, 0, -1)[:, None, :])
         clean = tuple(_zero_nonfinite(part) for part in parts)
         initial_state = clean if isinstance(initial_state, (tuple, list)) else clean[0]
-    poisoned = last_bad.cummax(dim=1).values == doc  # (B, T, H)
+    poisoned = _poisoned(bad, reset, bad_init)  # (B, T, H)
     output = poisoned
     for x in read:
         output = output | _bad(x)
