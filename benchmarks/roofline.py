@@ -1,17 +1,23 @@
 """A roofline estimate, on paper, of the chunked op on an H200 against FlashAttention's published
 H100 throughput: for each kernel and each PyTorch step between them, multiply-adds and bytes
 per token and head at the paper's head shape, and the time those imply at the tensor-core peak
-and at HBM bandwidth (each step takes the larger of the two). An estimate, not a measurement:
-it assumes every kernel runs at its roofline and ignores launches, tails and caches.
+and at HBM bandwidth (each step takes the larger of the two); then the same for the op fused
+(only inputs, outputs and gradients through HBM). An estimate, not a measurement: it assumes
+every kernel runs at its roofline and ignores launches, tails and caches; what the one H200 run
+says about the real efficiencies is benchmarks/cost_model.py's fit.
+
+As the kernels stand, every step is bound by its traffic (the fp32 states and intermediates
+between the passes). That is a property of the unfused pass chain, not of the op: fused, its
+arithmetic (74K multiply-adds per token·head forward) outweighs its traffic at TF32 and at bf16
+alike, so it is compute-bound and bf16 products would then pay.
 
     python benchmarks/roofline.py                  # TF32 products (the GPU default), bf16 inputs
     python benchmarks/roofline.py --precision tf32 --markdown
 
 What moves through memory is counted from the code as it is (idmix/functional/interdomain/
-chunked.py and kernels/): the op copies q, k, v into chunk layout in their own dtype, keeps every
-per-chunk tensor (start states, p, w̃, the per-program decay partials) in fp32 in HBM, and writes
-o and the gradients back through a copy; no document resets (with them, the backward also masks
-zᵀ: about 1 KB more per token and head). The decays and Ĝ (per head, a few KB) live in L2 and
+chunked_kernels.py and kernels/): the kernels read q, k, v and write o and the gradients by
+stride in the inputs' dtype, and keep every per-chunk tensor (start states, p, w̃, the decay
+partials) in fp32 in HBM; no document resets. The decays and Ĝ (per head, a few KB) live in L2 and
 are not counted. FlashAttention: FlashAttention-3 on an H100 SXM5, bf16, head dim 64 (Shah et
 al. 2024, Fig. 5 causal forward, Fig. 6 backward), at its 16K throughput beyond 16K; the H200
 has the H100's tensor cores, so the same rates are used for it.
@@ -42,39 +48,48 @@ def steps(L=64, R=64, D=64, M=64, in_bytes=2):
     row = lambda n: n * f4  # noqa: E731  fp32 bytes of n values per token
     inp = lambda n: n * in_bytes  # noqa: E731  the same in the inputs' dtype
     state = row(C * M2 // L)  # one (R+D, 2M) fp32 state per chunk, per token
+    key, value = row(R * M2 // L), row(D * M2 // L)  # its key and value rows
     fwd = [
-        ("copy q, [kᵀ; vᵀ] to chunk layout (input dtype)", "mem", 0, 2 * inp(R + R + D)),
+        ("non-finite flags: q, k, v read once (kernel)", "mem", 0, inp(2 * R + D)),
         ("chunk states: increments z·end and scan (kernel)", "tc", C * M2, inp(C) + state),
-        ("pass 1 (kernel)", "tc", L * R + R * M2 + L * M2, inp(2 * R) + row(R * M2 // L + M2)),
-        ("w̃ = Ĝ p (GEMM)", "tc", M2 * M2, 2 * row(M2)),
-        ("pass 2 (kernel)", "tc", L * M2 + L * D + M2 * D, row(M2) + inp(D) + row(D * M2 // L + D)),
-        ("o to (B, T, H, D) in the input dtype", "mem", 0, row(D) + inp(D)),
+        ("pass 1 (kernel)", "tc", L * R + R * M2 + L * M2, inp(2 * R) + key + row(M2)),
+        ("w̃ = Ĝ p (GEMM per head)", "tc", M2 * M2, 2 * row(M2)),
+        (
+            "pass 2, o in the input dtype (kernel)",
+            "tc",
+            L * M2 + L * D + M2 * D,
+            row(M2) + inp(2 * D) + value,
+        ),
     ]
     bwd = [
-        ("copy q, [kᵀ; vᵀ], do to chunk layout (input dtype)", "mem", 0, 2 * inp(R + R + D + D)),
         ("recompute: chunk states (kernel)", "tc", C * M2, inp(C) + state),
         ("recompute: pass 1, w̃", "tc", L * R + R * M2 + L * M2 + M2 * M2,
-         inp(2 * R) + row(R * M2 // L + M2) + 2 * row(M2)),
+         inp(2 * R) + key + 3 * row(M2)),
         ("pass 2 backward, lag part (kernel)", "tc", 2 * L * M2 + 2 * L * D + L * M2,
          row(M2) + inp(2 * D) + row(D + 2 * M2)),
         ("pass 2 backward, start part (kernel)", "tc", 2 * M2 * D,
-         inp(D) + row(2 * M2 + D * M2 // L) + row(D * M2 // L + 2 * M2)),
-        ("dp = dw̃ Ĝ, dĜ = dw̃ᵀ p (GEMMs)", "tc", 2 * M2 * M2, row(M2) * 4),
+         inp(D) + row(M2) + value + 2 * row(M2) + value + row(M2)),
+        ("dp = dw̃ Ĝ, dĜ += dw̃ᵀ p (GEMMs per head)", "tc", 2 * M2 * M2, row(M2) * 4),
         ("pass 1 backward, lag part (kernel)", "tc", 2 * L * R + 2 * L * M2 + L * R,
-         row(M2) + inp(2 * R) + row(2 * R + M2)),
+         row(M2) + inp(2 * R) + 2 * row(M2) + row(2 * R)),
         ("pass 1 backward, start part (kernel)", "tc", 3 * R * M2,
-         row(M2 + R + R * M2 // L) + inp(R) + row(R + R * M2 // L + M2)),
-        # four per-program partials, each read once by a sum over batch and chunks
-        ("decay partials summed over batch and chunks", "mem", 0, 4 * row(M2)),
+         row(M2) + inp(R) + key + row(R) + inp(R) + key + 2 * row(M2)),
         # reads dXᵏ, dXᵛ and the start states, writes the increments' gradients
         ("reverse scan and d(λ^L) (kernel)", "mem", 0, 3 * state),
-        # zᵀ cast to fp32 for d_end (a copy), then the two GEMMs
-        ("d_end = zᵀ g, dz = g endᵀ (GEMMs)", "tc", 2 * C * M2,
-         inp(C) + row(C) + row(C) + 2 * state + row(C)),
-        ("dz += dk, dv; dq, dk, dv to (B, T, H, ·) in the input dtype", "mem", 0,
-         3 * row(C) + row(R + C) + inp(R + C)),
+        ("dk, dv through the chunk end, d(end) partial (kernel)", "tc", 2 * C * M2,
+         state + inp(C) + row(C) + 2 * row(M2) + inp(C)),
+        ("decay partials summed over rows and chunks", "mem", 0, 2 * row(M2)),
     ]  # fmt: skip
     return [("fwd", *s) for s in fwd] + [("bwd", *s) for s in bwd]
+
+
+def fused_bound(L=64, R=64, D=64, M=64, in_bytes=2):
+    """(forward, forward+backward) multiply-adds and bytes per token·head of the op fused so
+    that only q, k, v, o and their gradients move through HBM (the states and intermediates
+    stay on chip): the floor part 2 (the fused kernels) aims at."""
+    macs = L * (R + D) + 4 * L * M + 4 * M * (R + D) + 4 * M * M
+    fwd_bytes = in_bytes * (2 * R + 2 * D)
+    return (macs, fwd_bytes), (4 * macs, fwd_bytes + in_bytes * (2 * (2 * R + D) + 2 * D))
 
 
 def seconds(engine, macs, nbytes, precision):
@@ -127,6 +142,22 @@ def main(argv=None):
         "Estimate against FlashAttention-3's published H100 rates (ns per token·head)",
         ["T", "ours fwd", "FA3 fwd", "fwd ×", "ours f+b", "FA3 f+b", "f+b ×"],
         cmp_rows,
+        args.markdown,
+    )
+    (f_macs, f_bytes), (fb_macs, fb_bytes) = fused_bound(in_bytes=args.input_bytes)
+    fused_rows = []
+    for precision in ("tf32", "bf16"):
+        for name, macs, nbytes in (("fwd", f_macs, f_bytes), ("f+b", fb_macs, fb_bytes)):
+            compute = 2 * macs / (PEAK[precision] * 1e12)
+            traffic = nbytes / (HBM * 1e12)
+            fused_rows.append([
+                precision, name, f"{macs:,}", f"{nbytes:,}", f"{compute * 1e9:.3f}",
+                f"{traffic * 1e9:.3f}", "compute" if compute > traffic else "memory",
+            ])  # fmt: skip
+    emit(
+        "Fused (only q, k, v, o and their gradients through HBM): the floor part 2 aims at",
+        ["products", "dir", "MACs/tok·head", "bytes/tok·head", "compute ns", "traffic ns", "bound"],
+        fused_rows,
         args.markdown,
     )
 

@@ -23,9 +23,10 @@ import torch
 PRECISIONS = ("auto", "ieee", "tf32", "bf16")
 # The GPU default, chosen from the errors measured against the fp64 reference at T = 4K and 64K
 # (docs/precision.md, benchmarks/precision_error.py): TF32 keeps every output, state and gradient
-# within 7e-4 of the fp64 result (below what bf16 inputs alone cost, 1.7e-3 and up), and the op
-# is bound by memory traffic, not products, at any precision (benchmarks/roofline.py), so bf16
-# products would buy little speed for 1.4-2x the error of bf16 inputs.
+# within 7e-4 of the fp64 result (below what bf16 inputs alone cost, 1.7e-3 and up). The unfused
+# kernels are bound by their fp32 intermediates' traffic, so bf16 products buy little speed today
+# for 1.4-2x the error of bf16 inputs; fused, the op is compute-bound (benchmarks/roofline.py)
+# and this choice is to be made again on the fused kernels' measurement.
 GPU_DEFAULT = "tf32"
 
 
