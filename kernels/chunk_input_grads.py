@@ -14,6 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .chunk_states import _chunk_masks, _chunk_starts
 from .tiles import (
     PRECISION_CODES,
     block,
@@ -26,17 +27,6 @@ from .tiles import (
     reset_args,
     store_tile,
 )
-
-
-@triton.jit
-def _contrib(reset_ptr, b, n, s_rb, s_rn, L, BL: tl.constexpr, HAS_RESET: tl.constexpr):
-    """(BL,) bool: no document start in (s, chunk end], so z_s reaches the chunk end."""
-    ll = tl.arange(0, BL)
-    if HAS_RESET:
-        starts = tl.load(reset_ptr + b * s_rb + n * s_rn + ll, mask=ll < L, other=0).to(tl.int32)
-        return tl.cumsum(starts, 0) == tl.sum(starts, 0)
-    else:
-        return ll >= 0
 
 
 @triton.jit
@@ -77,7 +67,9 @@ def _input_grads_kernel(
 ):  # fmt: skip
     b, h, n = program_bhn(H, N)
     ll, rr, dd = tl.arange(0, BL), tl.arange(0, BR), tl.arange(0, BD)
-    reach = _contrib(reset_ptr, b, n, s_rb, s_rn, L, BL, HAS_RESET)[:, None]
+    reach = tl.full((BL, 1), True, tl.int1)  # no start in (s, chunk end]: z_s reaches it
+    if HAS_RESET:
+        reach = _chunk_masks(_chunk_starts(reset_ptr, b, n, s_rb, s_rn, L, BL, True))[0][:, None]
     g_base = ginc_ptr + b * s_gb + h * s_gh + n * s_gn
     end_base = dend_ptr + h * s_dh
     ge_base = gend_ptr + b * s_eb + h * s_eh + n * s_en

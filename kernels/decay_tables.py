@@ -49,16 +49,22 @@ def _load_param(ptr, h, mm, s_h, s_m, M):
 
 
 @triton.jit
+def _program(lam_ptr, beta_ptr, M, s_lh, s_lm, s_bh, s_bm, BN: tl.constexpr, BM: tl.constexpr):
+    """(head, its modes (BM,), rows (BN,), λ and β of those modes as (re, im) (1, BM) each)."""
+    h = tl.program_id(0).to(tl.int64)
+    mm = tl.program_id(1) * BM + tl.arange(0, BM)
+    lr, li = _load_param(lam_ptr, h, mm, s_lh, s_lm, M)
+    br, bi = _load_param(beta_ptr, h, mm, s_bh, s_bm, M)
+    return h, mm, tl.arange(0, BN), lr, li, br, bi
+
+
+@triton.jit
 def _tables_fwd_kernel(
     lam_ptr, beta_ptr, start_ptr, end_ptr, chunk_ptr,
     L, M, s_lh, s_lm, s_bh, s_bm,
     BN: tl.constexpr, BM: tl.constexpr, NBITS: tl.constexpr,
 ):  # fmt: skip
-    h = tl.program_id(0).to(tl.int64)
-    mm = tl.program_id(1) * BM + tl.arange(0, BM)
-    nn = tl.arange(0, BN)
-    lr, li = _load_param(lam_ptr, h, mm, s_lh, s_lm, M)
-    br, bi = _load_param(beta_ptr, h, mm, s_bh, s_bm, M)
+    h, mm, nn, lr, li, br, bi = _program(lam_ptr, beta_ptr, M, s_lh, s_lm, s_bh, s_bm, BN, BM)
     table = h * L * 2 * M
     sr, si = _cpow(lr, li, (nn + 1)[:, None], NBITS)
     store_pairs(start_ptr + table, nn, mm, 2 * M, L, M, sr, si)
@@ -80,11 +86,7 @@ def _tables_bwd_kernel(
     L, M, s_lh, s_lm, s_bh, s_bm,
     BN: tl.constexpr, BM: tl.constexpr, NBITS: tl.constexpr,
 ):  # fmt: skip
-    h = tl.program_id(0).to(tl.int64)
-    mm = tl.program_id(1) * BM + tl.arange(0, BM)
-    nn = tl.arange(0, BN)
-    lr, li = _load_param(lam_ptr, h, mm, s_lh, s_lm, M)
-    br, bi = _load_param(beta_ptr, h, mm, s_bh, s_bm, M)
+    h, mm, nn, lr, li, br, bi = _program(lam_ptr, beta_ptr, M, s_lh, s_lm, s_bh, s_bm, BN, BM)
     table = h * L * 2 * M
     gsr, gsi = load_pairs(gs_ptr + table, nn, mm, 2 * M, L, M)
     ger, gei = load_pairs(ge_ptr + table, nn, mm, 2 * M, L, M)

@@ -97,12 +97,6 @@ def resolve_backend(backend: str, x: torch.Tensor) -> Backend:
         if not x.is_cuda and not have_cxx():
             raise RuntimeError("backend: 'inductor' on CPU needs a C++ compiler (g++ or clang++)")
         return _INDUCTOR
-    if not _wants_triton(backend, x):
-        return _TORCH
-    if x.dtype == torch.float64:
-        if backend == "triton":
-            raise ValueError(
-                "backend='triton': the kernels compute in fp32; fp64 inputs take 'torch'"
-            )
+    if not shared_on_kernels(backend, x):
         return _TORCH
     return Backend("triton", None, SelectiveTritonOps(kernels_module()), False)
