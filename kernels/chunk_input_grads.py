@@ -17,6 +17,7 @@ import triton.language as tl
 from .chunk_states import _chunk_masks, _chunk_starts
 from .tiles import (
     PRECISION_CODES,
+    Space,
     block,
     finite,
     is_finite,
@@ -28,26 +29,42 @@ from .tiles import (
     store_tile,
 )
 
+# (num_warps, BM) spill-free at chunk 64 and the builders' heads (benchmarks/offline_compile.py)
+_SPACE = Space(sm90=[(8, 16)], sm80=[(8, 8)])
+
 
 @triton.jit
-def _through_state(
-    g_base, s_gc, end_base, s_dl, ge_base, s_el, z, L, rows, n_rows, M,
-    PREC: tl.constexpr, BM: tl.constexpr,
+def _one_side(
+    g_base, s_gc, end_base, s_dl, ge_base, s_el, x_base, s_xl, in_base, s_il, s_if, out_base,
+    s_ol, reach, L, F, M, PREC: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
-    """For one side (the key or the value rows of the state): returns Σ_m end[s, m] G[row, m]
-    (BL, rows) and adds zᵀ-weighted G into the end partials: ge[s] += Σ_row z[s, row] G[row]."""
-    ll = tl.arange(0, z.shape[0])
-    acc = tl.zeros((z.shape[0], rows.shape[0]), dtype=tl.float32)
-    for m0 in range(0, M, BM):
-        cc = 2 * m0 + tl.arange(0, 2 * BM)
-        end = load_tile(end_base, ll, cc, s_dl, 1, L, 2 * M)
-        G = load_tile(g_base, rows, cc, s_gc, 1, n_rows, 2 * M)
-        acc = mma(end, tl.trans(G), acc, PREC)
-        ge = load_tile(ge_base, ll, cc, s_el, 1, L, 2 * M)
-        store_tile(ge_base, ll, cc, s_el, 1, L, 2 * M, mma(z, G, ge, PREC))
-    return acc
+    """One side of the state (its F key or value rows, G at g_base): for each block of BK
+    features, dz = Σ_m end[s, m] G[f, m] where z_s reaches the chunk end, plus the intra-chunk
+    part (in_base, strides s_il, s_if), zero where the input (x_base) is not finite, stored at
+    out_base; and ge[s] += Σ_f z[s, f] G[f] into the end partials."""
+    BL: tl.constexpr = reach.shape[0]
+    ll = tl.arange(0, BL)
+    for f0 in range(0, F, BK):
+        ff = f0 + tl.arange(0, BK)
+        x_raw = load_tile(x_base, ll, ff, s_xl, 1, L, F)
+        z = tl.where(reach, finite(x_raw), 0.0)
+        acc = tl.zeros((BL, BK), dtype=tl.float32)
+        for m0 in range(0, M, BM):
+            cc = 2 * m0 + tl.arange(0, 2 * BM)
+            end = load_tile(end_base, ll, cc, s_dl, 1, L, 2 * M)
+            G = load_tile(g_base, ff, cc, s_gc, 1, F, 2 * M)
+            acc = mma(end, tl.trans(G), acc, PREC)
+            ge = load_tile(ge_base, ll, cc, s_el, 1, L, 2 * M)
+            store_tile(ge_base, ll, cc, s_el, 1, L, 2 * M, mma(z, G, ge, PREC))
+        d = tl.where(reach, acc, 0.0) + load_tile(in_base, ll, ff, s_il, s_if, L, F)
+        store_tile(out_base, ll, ff, s_ol, 1, L, F, tl.where(is_finite(x_raw), d, 0.0))
 
 
+# it adds into the end partials: autotuning must put them back after each timed run
+@triton.autotune(
+    configs=_SPACE.configs, key=["BL", "R", "D", "M", "HAS_RESET", "PREC"],
+    prune_configs_by=_SPACE.prune, restore_value=["gend_ptr"],
+)  # fmt: skip
 @triton.jit(do_not_specialize=["N", "L"])
 def _input_grads_kernel(
     ginc_ptr, dend_ptr, k_ptr, v_ptr, reset_ptr, dkT_ptr, dvin_ptr, gend_ptr, dk_ptr, dv_ptr,
@@ -63,36 +80,27 @@ def _input_grads_kernel(
     s_ab, s_ah, s_an, s_al,
     s_cb, s_ch, s_cn, s_cl,
     HAS_RESET: tl.constexpr, PREC: tl.constexpr,
-    BL: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+    BL: tl.constexpr, BKR: tl.constexpr, BKD: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     b, h, n = program_bhn(H, N)
-    ll, rr, dd = tl.arange(0, BL), tl.arange(0, BR), tl.arange(0, BD)
     reach = tl.full((BL, 1), True, tl.int1)  # no start in (s, chunk end]: z_s reaches it
     if HAS_RESET:
         reach = _chunk_masks(_chunk_starts(reset_ptr, b, n, s_rb, s_rn, L, BL, True))[0][:, None]
     g_base = ginc_ptr + b * s_gb + h * s_gh + n * s_gn
     end_base = dend_ptr + h * s_dh
     ge_base = gend_ptr + b * s_eb + h * s_eh + n * s_en
-    k_raw = load_tile(k_ptr + b * s_kb + h * s_kh + n * s_kn, ll, rr, s_kl, 1, L, R)
-    zk = tl.where(reach, finite(k_raw), 0.0)
-    dk = _through_state(g_base, s_gc, end_base, s_dl, ge_base, s_el, zk, L, rr, R, M, PREC, BM)
-    dkT = load_tile(dkT_ptr + b * s_tb + h * s_th + n * s_tn, ll, rr, 1, s_tr, L, R)
-    dk = tl.where(reach, dk, 0.0) + dkT
-    dk = tl.where(is_finite(k_raw), dk, 0.0)
-    store_tile(dk_ptr + b * s_ab + h * s_ah + n * s_an, ll, rr, s_al, 1, L, R, dk)
-    v_raw = load_tile(v_ptr + b * s_vb + h * s_vh + n * s_vn, ll, dd, s_vl, 1, L, D)
-    zv = tl.where(reach, finite(v_raw), 0.0)
-    dv = _through_state(
-        g_base + R * s_gc, s_gc, end_base, s_dl, ge_base, s_el, zv, L, dd, D, M, PREC, BM
-    )
-    dv_in = load_tile(dvin_ptr + b * s_ib + h * s_ih + n * s_in, ll, dd, s_il, 1, L, D)
-    dv = tl.where(reach, dv, 0.0) + dv_in
-    dv = tl.where(is_finite(v_raw), dv, 0.0)
-    store_tile(dv_ptr + b * s_cb + h * s_ch + n * s_cn, ll, dd, s_cl, 1, L, D, dv)
-
-
-# (num_warps, BM): spill-free on sm_90 and sm_80 at chunk 64 (benchmarks/offline_compile.py)
-INPUT_GRADS_CONFIG = (8, 16)
+    _one_side(
+        g_base, s_gc, end_base, s_dl, ge_base, s_el,
+        k_ptr + b * s_kb + h * s_kh + n * s_kn, s_kl,
+        dkT_ptr + b * s_tb + h * s_th + n * s_tn, 1, s_tr,
+        dk_ptr + b * s_ab + h * s_ah + n * s_an, s_al, reach, L, R, M, PREC, BKR, BM,
+    )  # fmt: skip
+    _one_side(
+        g_base + R * s_gc, s_gc, end_base, s_dl, ge_base, s_el,
+        v_ptr + b * s_vb + h * s_vh + n * s_vn, s_vl,
+        dvin_ptr + b * s_ib + h * s_ih + n * s_in, s_il, 1,
+        dv_ptr + b * s_cb + h * s_ch + n * s_cn, s_cl, reach, L, D, M, PREC, BKD, BM,
+    )  # fmt: skip
 
 
 def input_grads(
@@ -106,7 +114,6 @@ def input_grads(
     B, H, N, L, R = k.shape
     D, M = v.shape[-1], d_end.shape[-1] // 2
     r, s_rb, s_rn, has_reset = reset_args(reset, k)
-    warps, bm = INPUT_GRADS_CONFIG
     with on_device(k):
         _input_grads_kernel[(B * H * N,)](
             g_inc, d_end, k, v, r, dkT, dv_in, g_end, dk, dv,
@@ -115,5 +122,5 @@ def input_grads(
             s_rb, s_rn, *dkT.stride()[:4], *dv_in.stride()[:4], *g_end.stride()[:4],
             *dk.stride()[:4], *dv.stride()[:4],
             HAS_RESET=has_reset, PREC=PRECISION_CODES[precision], BL=BL or block(L),
-            BR=block(R), BD=block(D), BM=min(bm, block(M)), num_warps=warps, num_stages=1,
+            BKR=min(64, block(R)), BKD=min(64, block(D)),
         )  # fmt: skip

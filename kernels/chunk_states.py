@@ -258,7 +258,7 @@ def chunk_states(k, v, end, chunk, Z0, last, reset=None, precision="ieee", conta
             HAS_RESET=has_reset, HAS_Z0=Z0 is not None, PREC=PRECISION_CODES[precision],
             CONTAIN=c is not None, HAS_CARRY=bool(c and c.carry_in is not None),
             POISON_END=bool(c and c.poison_end), BL=BL or block(L), BC=BC, BM=BM,
-            num_warps=8 if c else 4,  # containment's scan needs the registers of 8 warps
+            num_warps=8,  # with k and v read by stride and containment, 4 warps spill
         )  # fmt: skip
     return starts
 
