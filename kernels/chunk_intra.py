@@ -23,7 +23,6 @@ lays them out per head, so that w̃ = Ĝ p is one strided batched GEMM over head
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -34,6 +33,7 @@ from .tiles import (
     cmul,
     doc_masks,
     finite,
+    flags_strides,
     load_tile,
     mma,
     on_device,
@@ -140,13 +140,6 @@ def _pass2_kernel(
         bad = tl.load(poison_ptr + b * s_fb + h * s_fh + n * s_fn + ll, mask=ll < L, other=0)
         o = tl.where((bad != 0)[:, None], float("nan"), o)
     store_tile(o_ptr + b * s_ob + h * s_oh + n * s_on, ll, dd, s_ol, 1, L, D, o)
-
-
-def flags_strides(flags: torch.Tensor | None, L: int) -> tuple[int, int, int]:
-    """(batch, head, chunk) strides of a (B, H, n·L) int8 per-position tensor, zeros for None."""
-    if flags is None:
-        return 0, 0, 0
-    return flags.stride(0), flags.stride(1), L * flags.stride(2)
 
 
 def intra_chunk_pass1(q, k, starts, d_start, d_end, p, reset=None, precision="ieee", BL=None):

@@ -24,7 +24,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .chunk_intra import flags_strides
 from .tiles import (
     PRECISION_CODES,
     Space,
@@ -32,6 +31,7 @@ from .tiles import (
     cmul,
     doc_masks,
     finite,
+    flags_strides,
     is_finite,
     load_tile,
     mma,

@@ -90,6 +90,13 @@ def reset_args(reset: torch.Tensor | None, like: torch.Tensor):
     return r, r.stride(0), r.stride(1), True
 
 
+def flags_strides(flags: torch.Tensor | None, L: int) -> tuple[int, int, int]:
+    """(batch, head, chunk) strides of a (B, H, n·L) int8 per-position tensor, zeros for None."""
+    if flags is None:
+        return 0, 0, 0
+    return flags.stride(0), flags.stride(1), L * flags.stride(2)
+
+
 # Under the interpreter bf16 is emulated: its fp32 -> bf16 cast truncates and its bf16 dot
 # multiplies the raw 16-bit patterns, so there the operands are rounded to bf16 values (to
 # nearest even, as the GPU's cvt.rn.bf16 does) but kept in fp32; products of bf16 values are

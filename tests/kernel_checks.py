@@ -285,6 +285,11 @@ def check_nonfinite(device: str) -> None:
                 keep = torch.isfinite(b)
                 assert_rel(a[keep], b[keep], 1e-5, f"{what}: triton vs torch tensor {i}")
             assert not torch.isfinite(outs["triton"][0]).all(), f"{what}: nothing poisoned"
+            if what == "NaN in k":  # exactly that head, from t = 9 to its document's end (14)
+                hit = ~torch.isfinite(outs["triton"][0]).all(-1)
+                expected = torch.zeros(B, T, H, dtype=torch.bool, device=device)
+                expected[0, 9:14, 1] = True
+                assert torch.equal(hit, expected), "triton: a NaN escaped its document"
     finally:
         chunked.SEGMENT_TOKENS = 512
 

@@ -18,7 +18,7 @@ from .chunked_op import chunked_forward
 from .closed_form import interdomain_attention_closed_form_real
 from .decay_values import Decays, SharedDecays, TokenDecays, decays_of
 from .naive import interdomain_attention_naive_real
-from .nonfinite import poison_output, poison_state, sanitise
+from .nonfinite import contain_state, poison_output, poison_state, sanitise
 from .precision import resolve_precision
 from .realform import interleaved_to_state, state_to_interleaved
 from .recurrent import interdomain_attention_recurrent
@@ -116,10 +116,8 @@ def _on_kernels(q, k, v, decays: SharedDecays, G_hat, initial_state, opt: Option
     so that with none given the call adds no PyTorch op around the kernels."""
     Z0 = bad_init = None
     if initial_state is not None:
-        Z0 = initial_state.float()
-        finite = torch.isfinite(Z0.detach())
-        bad_init = (~finite.flatten(2).all(-1)).to(torch.int8)
-        Z0 = torch.where(finite, Z0, torch.zeros((), dtype=Z0.dtype, device=Z0.device))
+        Z0, bad = contain_state(initial_state.float())
+        bad_init = bad.to(torch.int8)
     lam_ri, beta_ri = (x.float().contiguous() for x in decays)
     o, Z, *_ = chunked_kernels_forward(
         q, k.to(q.dtype), v.to(q.dtype), lam_ri, beta_ri, G_hat.float(), Z0, bad_init, reset,

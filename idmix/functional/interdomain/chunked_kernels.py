@@ -39,7 +39,7 @@ class _Views:
     its document starts (B, n, L) uint8 and its slice of a (B, H, T) per-position tensor."""
 
     def __init__(self, piece: Piece, L: int, dec: ChunkDecays, reset):
-        self.piece, self.t0, self.t1, self.Lp = piece, piece.t0, piece.t1, piece.L
+        self.t0, self.t1, self.Lp = piece.t0, piece.t1, piece.L
         self.n = (piece.t1 - piece.t0) // piece.L
         self.dec = _piece_decays(dec, L, piece.L)
         self.reset = (
@@ -77,6 +77,22 @@ def _with_G(p_heads, G, precision):
     """w̃ = Ĝ p per head: p (H, B, n, L, 2M) -> (H, B, n, L, 2M), one batched GEMM."""
     H, M2 = p_heads.shape[0], p_heads.shape[-1]
     return matmul(p_heads.view(H, -1, M2), G.mT, precision).view(p_heads.shape)
+
+
+def _states_and_p(kern, pv: _Views, q, k, v, G_hat, Z, last, contain, precision, BL):
+    """The forward up to w̃ on one piece (run again by the backward): chunk-start states (the
+    end state into last), p and w̃ = Ĝ p. Returns (states, p (H, B, n, L, 2M), w̃ as a
+    (B, H, n, L, 2M) view)."""
+    H, B, M2 = q.shape[2], q.shape[0], G_hat.shape[-1]
+    kv, vv = pv.chunks(k), pv.chunks(v)
+    st = kern.chunk_states(
+        kv, vv, pv.dec.end, pv.dec.chunk, Z, last, pv.reset, precision, contain, BL
+    )
+    p, p_bh = pv.per_head(H, B, M2, q)
+    kern.intra_chunk_pass1(
+        pv.chunks(q), kv, st, pv.dec.start, pv.dec.end, p_bh, pv.reset, precision, BL
+    )
+    return st, p, _with_G(p, G_hat, precision).transpose(0, 1)
 
 
 @torch.library.custom_op("idmix::chunked_kernels_forward", mutates_args=())
@@ -118,17 +134,9 @@ def chunked_kernels_forward(
             pv.positions(flags), pv.positions(poison), bad_init if i == 0 else carry[i],
             carry[i + 1], final,
         )  # fmt: skip
-        kv, vv = pv.chunks(k), pv.chunks(v)
-        st = kern.chunk_states(
-            kv, vv, pv.dec.end, pv.dec.chunk, Z, last, pv.reset, precision, contain, BL
-        )
-        p, p_bh = pv.per_head(H, B, 2 * M, q)
-        kern.intra_chunk_pass1(
-            pv.chunks(q), kv, st, pv.dec.start, pv.dec.end, p_bh, pv.reset, precision, BL
-        )
-        w_bh = _with_G(p, G_hat, precision).transpose(0, 1)
+        st, _, w_bh = _states_and_p(kern, pv, q, k, v, G_hat, Z, last, contain, precision, BL)
         kern.intra_chunk_pass2(
-            w_bh, vv, st, pv.dec.start, pv.dec.end, R, pv.chunks(o), pv.reset,
+            w_bh, pv.chunks(v), st, pv.dec.start, pv.dec.end, R, pv.chunks(o), pv.reset,
             pv.positions(poison), precision, BL,
         )  # fmt: skip
         Z = last
@@ -180,18 +188,13 @@ def chunked_kernels_backward(
     scratch = q.new_empty(B, H, R + D, 2 * M, dtype=torch.float32)
     grads = _TableGrads(dec)
     dG, dZ = None, dZ_end
+    f32 = dict(dtype=torch.float32)
     for i in reversed(range(len(pieces))):
         pv = _Views(pieces[i], L, dec, reset8)
         final = i == len(pieces) - 1
         qv, kv, vv = pv.chunks(q), pv.chunks(k), pv.chunks(v)
-        f32 = dict(dtype=torch.float32)
         Zi = Z0 if i == 0 else bounds[i - 1]
-        st = kern.chunk_states(
-            kv, vv, pv.dec.end, pv.dec.chunk, Zi, scratch, pv.reset, precision, None, BL
-        )
-        p, p_bh = pv.per_head(H, B, 2 * M, q)
-        kern.intra_chunk_pass1(qv, kv, st, pv.dec.start, pv.dec.end, p_bh, pv.reset, precision, BL)
-        w_bh = _with_G(p, G_hat, precision).transpose(0, 1)
+        st, p, w_bh = _states_and_p(kern, pv, q, k, v, G_hat, Zi, scratch, None, precision, BL)
         dw, dw_bh = pv.per_head(H, B, 2 * M, q)
         ge, ge_bh = pv.per_head(H, B, 2 * M, q)
         gs, gs_bh = pv.per_head(H, B, 2 * M, q)

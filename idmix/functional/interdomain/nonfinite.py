@@ -87,6 +87,12 @@ def _poisoned(bad: torch.Tensor, reset, bad_init) -> torch.Tensor:
     return poisoned
 
 
+def contain_state(state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A state (B, H, ...) -> (it with non-finite entries zeroed, (B, H) bool: heads that had
+    one)."""
+    return _zero_nonfinite(state), ~_finite(state).flatten(2).all(dim=-1)
+
+
 def contain(carried, read, reset, initial_state):
     """carried: tensors (B, T, H, ·) that enter the state (k, v; z of the S4D readout); read:
     tensors (B, T, H, ·) used at their own position only (q); initial_state: None, a tensor
@@ -102,10 +108,9 @@ def contain(carried, read, reset, initial_state):
     bad_init = None
     if initial_state is not None:  # a bad initial state poisons document 0 of its head
         parts = initial_state if isinstance(initial_state, (tuple, list)) else (initial_state,)
-        bad_init = torch.zeros(B, H, dtype=torch.bool, device=x0.device)
-        for part in parts:
-            bad_init = bad_init | ~_finite(part).flatten(2).all(dim=-1)
-        clean = tuple(_zero_nonfinite(part) for part in parts)
+        contained = [contain_state(part) for part in parts]
+        clean = tuple(c for c, _ in contained)
+        bad_init = torch.stack([bad for _, bad in contained]).any(dim=0)
         initial_state = clean if isinstance(initial_state, (tuple, list)) else clean[0]
     poisoned = _poisoned(bad, reset, bad_init)  # (B, T, H)
     output = poisoned
