@@ -17,10 +17,12 @@ from idmix import models
 from idmix.parallel import enable_context_parallel
 from tests.distributed import run_ranks
 
-# fp32, measured: loss ≤ 1.2e-7 relative, gradients ≤ 1.1e-6 relative to the largest entry of
-# each parameter's gradient, at each of three steps (compared at equal parameters: the split
-# model is reset to the reference's after each AdamW step, so fp32 noise does not compound).
-LOSS_TOL, GRAD_TOL = 1e-6, 5e-6
+# fp32, measured: loss ≤ 1.2e-7 relative, gradients ≤ 8.0e-6 relative to the largest entry of
+# each parameter's gradient (log_dt of the unpacked interdomain model; ≤ 1.3e-6 elsewhere; the
+# CPU's float reduction order moves it: 1.1e-6 on an AVX-512 host, 8.0e-6 on an AMX host), at
+# each of three steps (compared at equal parameters: the split model is reset to the
+# reference's after each AdamW step, so fp32 noise does not compound).
+LOSS_TOL, GRAD_TOL = 1e-6, 2e-5
 T = 48
 
 

@@ -1,6 +1,9 @@
 """Files written before the parts redesign renamed the mixer's attributes (tests/fixtures/
 pre_rename, by d250f07's code: ``branch_a``, ``norm_a``, ``ssm``, ``c_out``, ``out_norm``) load
-into today's models, by load_state_dict and by the DCP resume, and give the same outputs."""
+into today's models, by load_state_dict and by the DCP resume, and give the same outputs: to
+fp32 rounding (the fixtures' own machine gave them bit for bit; another CPU's float reduction
+order moves logits of |x| ≤ 0.6 by ≤ 5.1e-7, measured on an AMX host; a misplaced tensor moves
+them by ~0.1)."""
 
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ BUILDS = {  # as make_fixtures.py built them
     ),
     "selective_per_mode": dict(mixer=lambda i: selective_per_mode(8, 2, **SSM)),
 }
+LOGITS_ATOL = 2e-6
 RENAMED = ("branch_a", "branch_b", "norm_a", "norm_b", ".ssm.", "c_out", "out_norm")
 
 
@@ -45,7 +49,7 @@ def test_old_state_dicts_load_with_the_same_logits(name):
     model = decoder(**TOY, **BUILDS[name]).eval()
     model.load_state_dict(dict(old["state_dict"]))  # strict: every key found, none left over
     with torch.no_grad():
-        torch.testing.assert_close(model(old["tokens"]), old["logits"], rtol=0, atol=0)
+        torch.testing.assert_close(model(old["tokens"]), old["logits"], rtol=0, atol=LOGITS_ATOL)
     # the same through upgrade_state_dict (what load_exported_model does before its checks)
     upgraded = upgrade_state_dict(dict(old["state_dict"]))
     assert sorted(upgraded) == sorted(model.state_dict())

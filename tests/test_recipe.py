@@ -70,8 +70,8 @@ def test_tune_run_two_processes_fsdp2(tmp_path):
 
 def test_context_parallel_trains_like_one_process_and_resumes(tmp_path):
     """context_parallel_size=2 on 2 processes: each sequence split in halves; every step's loss
-    and gradient norm equal the one-process run's (fp32: measured ≤ 2e-7 and 1e-5 relative),
-    through a stop and a resume."""
+    and gradient norm equal the one-process run's (fp32: measured ≤ 1.1e-6 and 1e-5 relative,
+    the loss's depending on the CPU's float reduction order), through a stop and a resume."""
     common = ["max_steps=4", "warmup_steps=1", "eval_every_n_steps=4", "save_every_n_steps=2"]
     one, split = tmp_path / "one", tmp_path / "split"
     tune_run(tmp_path, f"output_dir={one}", *common)
@@ -81,9 +81,9 @@ def test_context_parallel_trains_like_one_process_and_resumes(tmp_path):
     a, b = history(one), history(split)
     assert len(a) == len(b) == 4
     for x, y in zip(a, b, strict=True):
-        assert abs(y["loss"] / x["loss"] - 1) < 1e-6, (x, y)
+        assert abs(y["loss"] / x["loss"] - 1) < 5e-6, (x, y)
         assert abs(y["grad_norm"] / x["grad_norm"] - 1) < 1e-4, (x, y)
-    assert abs(b[-1]["val_loss"] / a[-1]["val_loss"] - 1) < 1e-6
+    assert abs(b[-1]["val_loss"] / a[-1]["val_loss"] - 1) < 5e-6
 
 
 def test_resume_continues_loss_for_loss(tmp_path):
