@@ -1,14 +1,16 @@
-"""idmix.hf: idmix models as transformers models. A save → load round trip in a fresh process
-(trust_remote_code, idmix never imported) gives identical logits for every mixer family; HF
-``generate`` gives idmix.generate's greedy tokens on a ragged batch; the ``lm_eval`` CLI
-(``--model hf``) and ``idmix-lm-eval`` (``--model idmix``) score as lm-eval does in process;
-pickles are refused unread; config errors name the field; what does not apply says so."""
+"""idmix.hf: idmix models as transformers models. A save → load round trip through the Auto
+classes (``import idmix.hf``, ``trust_remote_code=False``) gives identical logits for every
+mixer family; HF ``generate`` gives idmix.generate's greedy tokens on a ragged batch;
+``idmix-lm-eval --model hf`` (on a directory with planted code, which never runs) and
+``--model idmix`` score as lm-eval does in process; pickles are refused unread; config errors
+name the field; what does not apply says so. The attacks: tests/test_hf_security.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +28,7 @@ from idmix.hf.convert import convert  # noqa: E402
 from idmix.hf.convert import main as convert_main  # noqa: E402
 from idmix.training.checkpoint import export_model, load_exported_model  # noqa: E402
 from idmix.training.tokenizer import shakespeare_bpe  # noqa: E402
+from tests.hf_attacks import plant_code  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -42,8 +45,8 @@ TASKS = "shakespeare_next_line,shakespeare_next_speaker,shakespeare_scenes"
 
 
 def env(tmp):
-    """Offline, one thread (as the tests here), transformers' copies of trust_remote_code
-    files under tmp."""
+    """Offline and on one thread (as the tests here); were a directory's code ever copied to
+    run, it would land under tmp."""
     quiet = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     return {**os.environ, **quiet, "OMP_NUM_THREADS": "1", "HF_MODULES_CACHE": str(tmp / "modules")}
 
@@ -91,29 +94,14 @@ def shakespeare_dir(tmp_path_factory):
     return root
 
 
-def test_round_trip_in_a_fresh_process_gives_identical_logits(saved, tmp_path):
-    tokens = torch.randint(
-        0, TOY["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(1)
-    )
-    dirs = {family: str(d) for family, (_, d) in saved.items()}
-    script = (
-        "import json, sys, torch\n"
-        "from transformers import AutoModelForCausalLM\n"
-        "assert 'idmix' not in sys.modules\n"
-        f"tokens = torch.tensor({tokens.tolist()})\n"
-        "out = {}\n"
-        f"for family, d in {dirs!r}.items():\n"
-        "    model = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=True)\n"
-        "    out[family] = model(tokens).logits\n"
-        f"torch.save(out, {str(tmp_path / 'logits.pt')!r})\n"
-    )
-    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env(tmp_path),
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    fresh = torch.load(tmp_path / "logits.pt", weights_only=True)
-    for family, (model, _) in saved.items():
+def test_round_trip_through_the_auto_classes_gives_identical_logits(saved):
+    """``import idmix.hf`` (this module's) then ``from_pretrained(dir)``: no remote code."""
+    tokens = torch.randint(0, TOY["vocab_size"], (2, 11), generator=SEED(1))
+    for family, (model, d) in saved.items():
+        loaded = AutoModelForCausalLM.from_pretrained(d, trust_remote_code=False)
+        assert type(loaded) is IdmixForCausalLM, family
         with torch.no_grad():
-            assert torch.equal(fresh[family], model(tokens).logits), family
+            assert torch.equal(loaded(tokens).logits, model(tokens).logits), family
 
 
 @pytest.mark.parametrize(
@@ -193,13 +181,22 @@ def test_a_returned_cache_continues_the_sequence(saved, family):
 
 
 @pytest.fixture(scope="module")
-def cli_runs(shakespeare_dir, tmp_path_factory):
+def planted(shakespeare_dir, tmp_path_factory):
+    """(a copy of the hf/ directory with planted code and auto_maps, where that code would
+    record having run)."""
+    root = tmp_path_factory.mktemp("planted")
+    d = Path(shutil.copytree(shakespeare_dir / "hf", root / "hf"))
+    plant_code(d, root / "ran")
+    return d, root / "ran"
+
+
+@pytest.fixture(scope="module")
+def cli_runs(shakespeare_dir, planted, tmp_path_factory):
     """The two command lines, started together (each on one core; most of their time is
     start-up): name -> a function returning that run's lm-eval results."""
     runs = {}
     for name, program, model, args, tasks in [
-        ("hf", "lm_eval", "hf", f"pretrained={shakespeare_dir / 'hf'},trust_remote_code=True",
-         TASKS),
+        ("hf", "idmix-lm-eval", "hf", f"pretrained={planted[0]}", TASKS),
         ("idmix", "idmix-lm-eval", "idmix", f"checkpoint={shakespeare_dir / 'model_final.pt'}",
          "shakespeare_next_line"),
     ]:  # fmt: skip
@@ -254,10 +251,12 @@ def test_labels_give_the_shifted_next_token_loss(saved):
     torch.testing.assert_close(out.loss, expected)
 
 
-def test_lm_eval_cli_scores_equal_the_in_process_scores(shakespeare_dir, cli_runs):
-    """`lm_eval --model hf --model_args pretrained=<dir>,trust_remote_code=True
-    --include_path recipes/eval_tasks`: multiple choice, generation and rolling perplexity."""
+def test_idmix_lm_eval_hf_scores_equal_the_in_process_scores(shakespeare_dir, planted, cli_runs):
+    """`idmix-lm-eval --model hf --model_args pretrained=<dir> --include_path
+    recipes/eval_tasks` (multiple choice, generation and rolling perplexity) on a directory
+    with planted code: it loads with trust_remote_code=False and the code never runs."""
     _assert_scores_equal(lambda: cli_runs("hf"), shakespeare_dir / "model_final.pt", TASKS)
+    assert not list(planted[1].iterdir())
 
 
 def test_idmix_lm_eval_runs_the_idmix_model_from_the_shell(shakespeare_dir, cli_runs):
@@ -304,7 +303,7 @@ def test_a_crafted_pickle_is_refused_not_run(saved, tmp_path):
     (bad / "pytorch_model.bin").write_bytes(pickle.dumps(_Marker(marker)))
     for load in (IdmixForCausalLM.from_pretrained, AutoModelForCausalLM.from_pretrained):
         with pytest.raises(ValueError, match=r"refusing \['pytorch_model.bin'\]"):
-            load(bad, trust_remote_code=True)
+            load(bad)
     with pytest.raises(ValueError, match="use_safetensors"):
         IdmixForCausalLM.from_pretrained(source, use_safetensors=False)
     (bad / "model.safetensors").write_bytes((source / "model.safetensors").read_bytes())
@@ -330,7 +329,7 @@ def _edited(source: Path, dest: Path, edit) -> Path:
         (lambda c: c["overrides"].update(mixer="nope"), "mixer"),
         (lambda c: c.update(builder="interdomain_huge"), "builder"),
         (lambda c: c.update(builder="os.system"), "builder"),
-        (lambda c: c["overrides"].update(mixer={"_component_": "os.system"}), "overrides"),
+        (lambda c: c["overrides"].update(mixer={"_component_": "os.system"}), "mixer"),
         (lambda c: c["overrides"].update(embed_dim=64), "embed_dim"),
         (lambda c: c["overrides"].update(vocab_size=100), "vocab_size"),
         (lambda c: c["overrides"].update(num_layers=3), "num_layers"),

@@ -118,12 +118,10 @@ def save_quantized_model(path, model: nn.Module, model_config: dict, mode: str) 
 def load_quantized_model(path, device="cpu") -> nn.Module:
     """The model of a :func:`save_quantized_model` file, in eval mode. Loaded with
     weights_only=True and only :func:`quantized_tensor_types` allowed beyond tensors and plain
-    data; the builder it names must be trusted (as for ``model_final.pt``)."""
-    from omegaconf import DictConfig
-    from torchtune import config
-
-    from ..training.checkpoint import check_compatible, safe_load
-    from ..training.trust import check_model_config
+    data; its model description is checked and built as ``model_final.pt``'s is
+    (``idmix.training.model_description``)."""
+    from ..training.checkpoint import safe_load
+    from ..training.model_description import build_described
 
     if not Path(path).is_file():
         raise ValueError(f"path: no such file {str(path)!r}")
@@ -131,11 +129,10 @@ def load_quantized_model(path, device="cpu") -> nn.Module:
         saved = safe_load(path)
     if not isinstance(saved, dict) or saved.get("quantization") not in QUANT_MODES:
         raise ValueError(f"path: {str(path)!r} is not a save_quantized_model file")
-    check_model_config(saved["model_config"], f"quantised model {str(path)!r}")
+    source = f"quantised model {str(path)!r}"
     model = quantize_linears(
-        config.instantiate(DictConfig(saved["model_config"])), saved["quantization"]
+        build_described(saved.get("model_config"), saved["model"], source), saved["quantization"]
     )
-    check_compatible(model, saved["model"], f"quantised model {str(path)!r}")
     model.load_state_dict(saved["model"], assign=True)
     return model.to(device).eval()
 

@@ -2,8 +2,9 @@
 ``--model idmix --model_args checkpoint=runs/x/model_final.pt`` works from the shell (lm-eval
 0.4.13 loads no out-of-tree models: no entry points, and ``--include_path`` is for tasks).
 Every argument is lm-eval's (``idmix-lm-eval --help``). With the ``hf`` extra installed it also
-registers idmix's transformers classes, so ``--model hf --model_args pretrained=<dir>`` loads
-an idmix directory without ``trust_remote_code``."""
+imports ``idmix.hf`` (its Auto classes) before lm-eval loads anything, so ``--model hf
+--model_args pretrained=<dir>`` loads an idmix directory with lm-eval's default
+``trust_remote_code=False``: no code from the directory runs."""
 
 from __future__ import annotations
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 from itertools import groupby
 
+# lm-eval adds its own models ("hf", ...) only to an empty registry: before ours is registered
+import lm_eval.models  # noqa: F401
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string

@@ -11,7 +11,7 @@ from the built model (what HF tools read) and checked against it when given.
 
 from __future__ import annotations
 
-import importlib
+import re
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
@@ -40,28 +40,28 @@ def builder_path(builder: str) -> str:
     return builder if "." in builder else f"idmix.models.{builder}"
 
 
-def check_description(builder, overrides) -> None:
-    """builder a trusted builder name, overrides a dict of str keys whose nested
-    ``_component_`` nodes are trusted too, and a string ``mixer`` a registered mixer; each
-    error names the field."""
-    from idmix.modules import resolve_mixer
-    from idmix.training.trust import check_model_config
+def description(builder, overrides) -> tuple:
+    """(builder function, keyword arguments) of config.json's builder and overrides, checked
+    as a saved model description (``idmix.training.model_description``: plain data, a trusted
+    builder and mixer, argument types), each error naming the field."""
+    from idmix.training.model_description import check_description, plain_description
 
     if not isinstance(builder, str) or not builder:
         raise ValueError(f"builder: expected the name of an idmix.models builder, got {builder!r}")
     if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
         raise ValueError(f"overrides: expected a dict of builder arguments, got {overrides!r}")
-    for field, node in (
-        ("builder", {"_component_": builder_path(builder)}),
-        ("overrides", overrides),
-    ):
-        try:
-            check_model_config(node, "config.json")
-        except ValueError as e:
-            raise ValueError(f"{field}: {e}") from None
-    mixer = overrides.get("mixer")
-    if isinstance(mixer, str):
-        resolve_mixer(mixer, {})  # raises "mixer: expected one of [...]"
+    if "_component_" in overrides:
+        raise ValueError("overrides._component_: the builder is named by builder, not overrides")
+    try:
+        desc = plain_description({"_component_": builder_path(builder), **overrides}, "json")
+        return check_description(desc, "json")
+    except ValueError as e:  # "json: model_config.<key>…" -> "<field>: config.json: <key>…"
+        found = re.match(r"json: model_config\.(\w+)(.*)", str(e), re.DOTALL)
+        if found is None:
+            raise
+        key = found[1]
+        field = "builder" if key == "_component_" else key
+        raise ValueError(f"{field}: config.json: {key}{found[2]}") from None
 
 
 @strict(accept_kwargs=True)
@@ -87,18 +87,14 @@ class IdmixConfig(PretrainedConfig):
     def __post_init__(self, **kwargs):
         # here, not as a validate_* method: transformers would re-wrap the error's message
         self.overrides = dict(self.overrides or {})
-        check_description(self.builder, self.overrides)
+        self.overrides = description(self.builder, self.overrides)[1]  # older mixer nodes flat
         super().__post_init__(**kwargs)
 
     def build(self):
         """The idmix ``TransformerDecoder`` that builder(**overrides) makes (on the current
         default device: meta under ``from_pretrained``)."""
-        module, _, name = builder_path(self.builder).rpartition(".")
-        try:
-            make = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"builder: cannot import {self.builder!r} ({e})") from None
-        return make(**self.overrides)
+        make, kwargs = description(self.builder, self.overrides)
+        return make(**kwargs)
 
     def fill_from(self, model) -> None:
         """Set the derived fields from a built model; a value already set that differs (an

@@ -1,7 +1,9 @@
 """Write a Hugging Face directory (config.json, model.safetensors, generation_config.json, the
-tokenizer, the two ``trust_remote_code`` files) from an idmix model: a ``model_final.pt``
+tokenizer and the ``.idmix-hf`` marker; no Python and no ``auto_map``: it loads after
+``import idmix.hf`` with ``trust_remote_code=False``) from an idmix model: a ``model_final.pt``
 export (``convert``, the command below; the pretraining run calls it for ``output_dir/hf``),
-or a state dict and its model config (``save_hf``).
+or a state dict and its model config (``save_hf``). ``--overwrite`` replaces only a directory
+the converter wrote (``idmix.hf.directory``).
 
     python -m idmix.hf.convert runs/tiny_interdomain/model_final.pt runs/tiny_interdomain/hf
 """
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -18,10 +19,11 @@ from transformers import PreTrainedTokenizerFast
 
 from idmix.modules import upgrade_state_dict
 from idmix.training import tokenizer as tokenizers
-from idmix.training.checkpoint import check_compatible, check_no_resolvers, safe_load
-from idmix.training.trust import check_model_config
+from idmix.training.checkpoint import check_compatible, safe_load
+from idmix.training.model_description import check_description, plain_description
 
 from .configuration import IdmixConfig
+from .directory import check_replaceable, write_dir
 from .modeling import IdmixForCausalLM
 
 MODELS = "idmix.models."
@@ -42,12 +44,13 @@ def hf_tokenizer(tokenizer, max_length: int) -> PreTrainedTokenizerFast:
 
 
 def save_hf(state_dict: dict, model_config: dict, out_dir, tokenizer=None, overwrite=False):
-    """out_dir (written under a temporary name, then renamed) from a full state dict and the
-    plain model config of a ``model_final.pt`` (``{"_component_": builder, **overrides}``).
-    tokenizer: an idmix BPETokenizer (saved for AutoTokenizer) or None. Returns out_dir."""
-    out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise ValueError(f"out_dir: {str(out)!r} exists; pass overwrite=True to replace it")
+    """out_dir from a full state dict and the plain model config of a ``model_final.pt``
+    (``{"_component_": builder, **overrides}``), written beside it and swapped in
+    (``directory.write_dir``: out_dir must be new, empty or, with overwrite, one the converter
+    wrote). tokenizer: an idmix BPETokenizer (saved for AutoTokenizer) or None. Returns
+    out_dir (absolute)."""
+    out = Path(os.path.abspath(out_dir))
+    check_replaceable(out, overwrite)
     overrides = dict(model_config)
     builder = overrides.pop("_component_").removeprefix(MODELS)
     eos = None if tokenizer is None else tokenizer.eos_id
@@ -59,27 +62,26 @@ def save_hf(state_dict: dict, model_config: dict, out_dir, tokenizer=None, overw
     check_compatible(model.model, state_dict, f"{builder} {overrides}")
     model.model.load_state_dict(state_dict, assign=True)
     model.generation_config.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    if tokenizer is not None:
-        hf_tokenizer(tokenizer, config.max_position_embeddings).save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            hf_tokenizer(tokenizer, config.max_position_embeddings).save_pretrained(tmp)
+
+    return write_dir(out, write, overwrite)
 
 
 def convert(checkpoint, out_dir, tokenizer=None, overwrite=False) -> Path:
     """A ``model_final.pt`` (read with weights_only=True; its builder must be trusted, as
     for ``idmix.training.checkpoint.load_exported_model``) to a Hugging Face directory.
     tokenizer: a BPETokenizer, None, or a spec string of :func:`load_tokenizer`."""
+    check_replaceable(Path(os.path.abspath(out_dir)), overwrite)  # before any work
     source = f"checkpoint {str(checkpoint)!r}"
     saved = safe_load(checkpoint)
     if not isinstance(saved, dict) or "model" not in saved or "model_config" not in saved:
         raise ValueError(f"{source} is not a model_final.pt export")
-    check_no_resolvers(saved["model_config"], source, "model_config")
-    check_model_config(saved["model_config"], source)
+    saved["model_config"] = plain_description(saved["model_config"], source)
+    check_description(saved["model_config"], source)
     upgrade_state_dict(saved["model"])
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, saved["model"]["tok_embeddings.weight"].shape[0])
@@ -106,7 +108,11 @@ def main(argv=None) -> None:
         help="shakespeare_bpe (default), python_stdlib_bpe (both at the model's vocab_size), "
         "a tokenizers JSON file, or none",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace out_dir")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace out_dir if the converter wrote it (never a run directory or another)",
+    )
     args = parser.parse_args(argv)
     out = convert(args.checkpoint, args.out_dir, args.tokenizer, args.overwrite)
     print(f"wrote {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")

@@ -2,8 +2,8 @@
 ``save_pretrained`` / ``from_pretrained`` in safetensors, the Auto classes).
 
 ``self.model`` is the ``TransformerDecoder`` that ``idmix.models`` builds (the same modules,
-the same state-dict keys under ``model.``); ``forward`` calls it. Importing this module
-registers ``IdmixConfig`` / ``IdmixForCausalLM`` with ``AutoConfig`` / ``AutoModelForCausalLM``.
+the same state-dict keys under ``model.``); ``forward`` calls it. Importing ``idmix.hf``
+registers it with the Auto classes (no ``trust_remote_code``: a saved directory holds no Python).
 """
 
 from __future__ import annotations
@@ -12,23 +12,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .cache import IdmixCache
 from .configuration import IdmixConfig
 from .weights import check_weights
-
-# The two files a saved directory carries for trust_remote_code (its config.json auto_map
-# names them): they only import the classes from the installed idmix.
-REMOTE_CODE = {
-    "configuration_idmix.py": "from idmix.hf.configuration import IdmixConfig  # noqa: F401\n",
-    "modeling_idmix.py": "from idmix.hf.modeling import IdmixForCausalLM  # noqa: F401\n",
-}
-AUTO_MAP = {
-    "AutoConfig": "configuration_idmix.IdmixConfig",
-    "AutoModelForCausalLM": "modeling_idmix.IdmixForCausalLM",
-}
 
 
 def _unsupported(name: str, why: str) -> ValueError:
@@ -162,27 +151,29 @@ class IdmixForCausalLM(PreTrainedModel, GenerationMixin):
 
     # saving and loading ---------------------------------------------------------------------
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """transformers' save (config.json, model.safetensors, generation_config.json) plus
-        the two import-only files and the ``auto_map`` that let
-        ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` load it in a
-        process that never imported idmix."""
+        """transformers' save (config.json, model.safetensors, generation_config.json), in
+        safetensors only and with no ``auto_map`` (one read from an older directory is
+        dropped): the directory names no code to run."""
         if kwargs.get("safe_serialization") is False:
             raise _unsupported("safe_serialization=False", "idmix saves safetensors only")
-        self.config.auto_map = dict(AUTO_MAP)
+        if "auto_map" in self.config:
+            del self.config.auto_map
         super().save_pretrained(save_directory, *args, **kwargs)
-        for name, text in REMOTE_CODE.items():
-            (Path(save_directory) / name).write_text(text)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """transformers' load, from safetensors only (``use_safetensors=False`` is refused);
-        a local directory is checked first: pickle weight files without safetensors are
-        refused unread, and weights whose shapes do not fit the config fail naming the
-        config field (``embed_dim``, ``vocab_size``, ``mixer``, ...)."""
+        """transformers' load, from safetensors only (``use_safetensors=False``, ``variant``
+        and ``gguf_file`` are refused); a local directory is checked first (``weights``): its
+        weight files resolved inside it, pickles refused unread, and every tensor present with
+        the shape and dtype the config builds, or an error naming the file or config field
+        (``embed_dim``, ``vocab_size``, ``mixer``, ``dtype``, ...)."""
         if kwargs.get("use_safetensors") is False:
             raise _unsupported("use_safetensors=False", "pickled weights can run code when loaded")
+        for name in ("variant", "gguf_file"):
+            if kwargs.get(name) is not None:
+                raise _unsupported(name, "a directory holds model.safetensors or its index")
         kwargs["use_safetensors"] = True
-        path = Path(str(pretrained_model_name_or_path))
+        path = Path(str(pretrained_model_name_or_path)) / kwargs.get("subfolder", "")
         if path.is_dir():
             config = kwargs.get("config")
             if not isinstance(config, IdmixConfig):
@@ -210,7 +201,3 @@ def _positions(position_ids, keys: torch.Tensor, T: int) -> torch.Tensor:
     if position_ids is not None:
         return position_ids[:, -T:].to(keys.device)
     return (keys.long().cumsum(-1) - 1).clamp_min(0)[:, -T:]
-
-
-AutoConfig.register(IdmixConfig.model_type, IdmixConfig, exist_ok=True)
-AutoModelForCausalLM.register(IdmixConfig, IdmixForCausalLM, exist_ok=True)

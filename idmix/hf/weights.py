@@ -1,18 +1,29 @@
-"""Checks on a saved directory before transformers loads it: safetensors only (pickled weight
-files are refused unread), and weight shapes that fit the config, or an error naming the
-config field that does not."""
+"""Checks on a saved directory before transformers loads it: its weight files resolved inside
+it (``weight_files``), and every tensor the config builds present, of the right shape and
+dtype, or an error naming the config field that does not fit."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
-PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
-PREFIX = "model."
+from .weight_files import PREFIX, tensor_specs
+
+# safetensors' names of the dtypes a state dict holds
+DTYPE_NAMES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 # (state-dict key, dimension, the decoder argument that sets it)
 FIELDS = (
     ("tok_embeddings.weight", 0, "vocab_size"),
@@ -25,45 +36,52 @@ FIELDS = (
 _LAYER = re.compile(r"^layers\.(\d+)\.")
 
 
-def safetensors_files(path: Path) -> list[Path]:
-    """The weight files of a directory (one file, or the shards of its index); refuses a
-    directory whose only weights are pickles."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / s for s in shards]
-    if (path / "model.safetensors").is_file():
-        return [path / "model.safetensors"]
-    pickles = sorted(p.name for pattern in PICKLES for p in path.glob(pattern))
-    if pickles:
+def float_dtype(config) -> torch.dtype:
+    """The floating dtype config.json names (``dtype``; float32 when absent)."""
+    dtype = getattr(config, "dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype in DTYPE_NAMES):
         raise ValueError(
-            f"{path}: refusing {pickles}: idmix models load weights only from "
-            "model.safetensors (a pickle can run code when it is loaded, so it is not read); "
-            "convert a model_final.pt with `python -m idmix.hf.convert`"
+            f"dtype: config.json says {config.dtype!r}; expected one of "
+            "'float32', 'bfloat16', 'float16', 'float64'"
         )
-    raise ValueError(f"{path}: no model.safetensors (nor model.safetensors.index.json)")
+    return dtype
 
 
-def file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """state-dict key (without the ``model.`` prefix) -> shape, read from the headers."""
-    shapes = {}
-    for file in safetensors_files(path):
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                shapes[key.removeprefix(PREFIX)] = tuple(f.get_slice(key).get_shape())
-    return shapes
+def _check_dtypes(found: dict, model, config, where: str) -> None:
+    """Each tensor in the dtype the model holds it in: config's floating dtype for floating
+    tensors, the model's own for the others."""
+    floating = float_dtype(config)
+    for key, tensor in model.state_dict().items():
+        want = floating if tensor.dtype.is_floating_point else tensor.dtype
+        want = DTYPE_NAMES.get(want, str(want))
+        _, got, file = found[key]
+        if got != want:
+            raise ValueError(
+                f"dtype: {file} holds {PREFIX}{key} as {got}, but {where} builds it as {want} "
+                "(config.json's dtype for floating tensors)"
+            )
 
 
 def check_weights(path: Path, config) -> None:
-    """The weights in path fit the model config builds (built on the meta device: shapes
-    only), or a ValueError naming the config field behind the first difference."""
+    """Every tensor the model config builds (on the meta device: shapes only) is in path's
+    weight files with its shape and dtype, and nothing else is, or a ValueError naming the
+    config field (or the file) behind the first difference."""
+    if getattr(config, "transformers_weights", None) is not None:
+        raise ValueError(
+            "transformers_weights: config.json names a weight file; idmix directories load "
+            "model.safetensors or the shards of model.safetensors.index.json only"
+        )
     with torch.device("meta"):
         model = config.build()
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    found = file_shapes(path)
-    if expected == found:
-        return
+    specs = tensor_specs(path)
+    found = {k: shape for k, (shape, _, _) in specs.items()}
     where = f"{path}/config.json (builder {config.builder!r}, overrides {config.overrides})"
+    if expected == found:
+        _check_dtypes(specs, model, config, where)
+        return
     for key, dim, field in FIELDS:
         if key in expected and key in found and expected[key][dim] != found[key][dim]:
             got, want = found[key][dim], expected[key][dim]
@@ -82,6 +100,11 @@ def check_weights(path: Path, config) -> None:
         )
     missing, unexpected = sorted(expected.keys() - found), sorted(found.keys() - expected)
     wrong = sorted(k for k in expected.keys() & found.keys() if expected[k] != found[k])
+    if missing and not unexpected and not wrong:
+        raise ValueError(
+            f"{path}: the weight files lack {missing[:3]} ({len(missing)} in all), which {where} "
+            "builds; a missing weight is never left uninitialised"
+        )
     raise ValueError(
         f"mixer: the weights do not fit the mixer {where} builds (its name or options): "
         f"missing {missing[:3]}, unexpected {unexpected[:3]}, other shapes "

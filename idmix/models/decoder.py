@@ -27,14 +27,17 @@ def swiglu_hidden_dim(embed_dim: int) -> int:
 
 def mixer_factory(mixer: str | Mapping, embed_dim: int, num_heads: int, **options) -> MixerFactory:
     """layer_idx -> mixer, for mixer a name of ``idmix.modules.MIXERS`` ("interdomain",
-    "softmax", "s4d", "selective_interdomain", a Table 4 cell, or one you registered), or a
-    config node ``{"_component_": "package.module.builder", **more options}`` naming a builder
-    (embed_dim, num_heads, **options) -> nn.Module (how a config selects a mixer of your own:
-    ``model.mixer._component_=…``). Unknown options of a registered mixer fail here, by name."""
+    "softmax", "s4d", "selective_interdomain", a Table 4 cell, or one you registered), the
+    dotted name of a builder (embed_dim, num_heads, **options) -> nn.Module, or a config node
+    ``{"_component_": "package.module.builder", **more options}`` naming one (how a config
+    selects a mixer of your own: ``model.mixer._component_=…``; a saved model description holds
+    the dotted name). Unknown options of a registered mixer fail here, by name."""
     if isinstance(mixer, Mapping):
         spec = dict(mixer)
         build = _component(spec.pop("_component_", None))
         options = {**options, **spec}
+    elif isinstance(mixer, str) and "." in mixer:
+        build = _component(mixer)
     else:
         build, options = resolve_mixer(mixer, options)
     return lambda _: build(embed_dim, num_heads, **options)

@@ -27,10 +27,13 @@ def trusting_own_builders(model_config: dict):
 
 
 def _components(node):
-    """Every ``_component_`` value in a (nested) config."""
+    """Every ``_component_`` value in a (nested) config, and a ``mixer`` given as a dotted
+    builder name."""
     if isinstance(node, dict):
         if isinstance(node.get("_component_"), str):
             yield node["_component_"]
+        if isinstance(node.get("mixer"), str) and "." in node["mixer"]:
+            yield node["mixer"]
         for value in node.values():
             yield from _components(value)
     elif isinstance(node, list):
@@ -38,7 +41,8 @@ def _components(node):
             yield from _components(value)
 
 
-def _trusted_builders() -> set[str]:
+def trusted_builders() -> set[str]:
+    """idmix.models' builders, $IDMIX_TRUSTED_BUILDERS and the running run's own."""
     import idmix.models
 
     names = {f"idmix.models.{n}" for n in idmix.models.__all__}
@@ -50,21 +54,3 @@ def _trusted_builders() -> set[str]:
     }
     extra = os.environ.get(TRUSTED_BUILDERS_ENV, "")
     return names | _TRUSTED_BY_THIS_RUN | {n.strip() for n in extra.split(",") if n.strip()}
-
-
-def check_model_config(node, source: str, trusted: set[str] | None = None) -> None:
-    """Every ``_component_`` in a saved model config (nested ones too) must be a trusted
-    builder: ``config.instantiate`` would call whatever a file names."""
-    trusted = _trusted_builders() if trusted is None else trusted
-    if isinstance(node, dict):
-        component = node.get("_component_")
-        if component is not None and component not in trusted:
-            raise ValueError(
-                f"{source}: model_config names the builder {component!r}, which is not one of "
-                f"idmix.models; if it is your own, add it to ${TRUSTED_BUILDERS_ENV}"
-            )
-        for value in node.values():
-            check_model_config(value, source, trusted)
-    elif isinstance(node, list):
-        for value in node:
-            check_model_config(value, source, trusted)
