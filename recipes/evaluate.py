@@ -27,7 +27,7 @@ from idmix.evaluation.lm_eval_model import IdmixLM
 from idmix.evaluation.lm_eval_tasks import CORPUS_TASK, corpus_task, headline
 from idmix.evaluation.report import markdown_table
 from idmix.training.checkpoint import load_exported_model
-from idmix.training.config_checks import check_keys
+from idmix.training.config_checks import boolean, check_components, check_keys
 from idmix.training.files import atomic_write_text
 from idmix.training.outputs import fresh_outputs
 
@@ -42,6 +42,8 @@ RESULTS = ("results.json", "results.md")
 @config.parse
 def main(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
+    boolean(cfg, "overwrite")
+    check_components(cfg)
     extra = cfg.get("perplexity_dataset")
     if not cfg.tasks and not extra:
         raise ValueError(

@@ -20,7 +20,7 @@ from torchtune import config
 
 from idmix import cache_nbytes, generate
 from idmix.training.checkpoint import load_exported_model
-from idmix.training.config_checks import check_keys, integer
+from idmix.training.config_checks import boolean, check_components, check_keys, integer
 
 KEYS = {
     "checkpoint", "tokenizer", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",
@@ -31,6 +31,8 @@ KEYS = {
 @config.parse
 def main(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
+    boolean(cfg, "compile")
+    check_components(cfg)
     integer(cfg, "max_new_tokens", 1)
     if not isinstance(cfg.prompt, str) or not cfg.prompt:
         raise ValueError(f"config: prompt: expected non-empty text, got {cfg.prompt!r}")

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from idmix.evaluation.extrapolation import perplexity_by_context, token_stream
 from idmix.evaluation.report import markdown_table
 from idmix.training.checkpoint import load_exported_model
-from idmix.training.config_checks import check_keys
+from idmix.training.config_checks import boolean, check_components, check_keys
 from idmix.training.files import atomic_write_json, atomic_write_text
 from idmix.training.outputs import fresh_outputs
 from idmix.training.plots import line_plot
@@ -33,6 +33,8 @@ RESULTS = (f"{NAME}.md", f"{NAME}.json", f"{NAME}.png")
 @config.parse
 def main(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
+    boolean(cfg, "overwrite")
+    check_components(cfg)
     if not cfg.checkpoints:
         raise ValueError("config: checkpoints: expected a mapping name -> model_final.pt path")
     lengths = [cfg.train_seq_len * m for m in cfg.multiples]

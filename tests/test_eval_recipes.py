@@ -167,7 +167,7 @@ def test_train_recall_rejects_bad_settings(tmp_path, override, message):
 @pytest.mark.parametrize(
     "change, message",
     [({"batch_size": "abc"}, r"batch_size: expected an integer >= 1, got 'abc'"),
-     ({"ssm_lr_cap": 0}, r"ssm_lr_cap: expected a finite number in \(0, inf\]"),
+     ({"ssm_lr_cap": 0}, r"ssm_lr_cap: expected a finite number in \(0, inf\), got 0"),
      ({"warmup_steps": -1}, r"warmup_steps: expected an integer >= 0, got -1")],
 )  # fmt: skip
 def test_train_recall_range_checks_every_number(tmp_path, change, message):
@@ -181,6 +181,39 @@ def test_train_recall_range_checks_every_number(tmp_path, change, message):
     with pytest.raises(ValueError, match=message):
         main.__wrapped__(cfg)
     assert not any(tmp_path.iterdir())
+
+
+BOOL = "expected true or false, got"
+COMPONENT = r"_component_: expected a dotted name \(text\), got"
+
+
+@pytest.mark.parametrize(
+    "recipe, config, change, message",
+    [("evaluate", "eval_tiny", {"overwrite": "false"}, f"overwrite: {BOOL} 'false'"),
+     ("length_extrapolation", "length_extrapolation_tiny", {"overwrite": 0},
+      f"overwrite: {BOOL} 0"),
+     ("train_recall", "recall_tiny", {"overwrite": "no"}, f"overwrite: {BOOL} 'no'"),
+     ("quantize_interdomain", "quantize_tiny", {"aoti": "false"}, f"aoti: {BOOL} 'false'"),
+     ("compare_mixers", "compare_tiny", {"overwrite": "false"}, f"overwrite: {BOOL} 'false'"),
+     ("compare_mixers", "compare_tiny", {"training": {"compile": "false"}},
+      f"config: training.compile: {BOOL} 'false'"),
+     ("generate", "generate_tiny", {"compile": "true"}, f"compile: {BOOL} 'true'"),
+     ("evaluate", "eval_tiny", {"tokenizer": {"_component_": ["a.b"]}},
+      rf"config: tokenizer.{COMPONENT} \['a.b'\]"),
+     ("compare_mixers", "compare_tiny", {"mixers": {"s4d": {"model": {"_component_": 3}}}},
+      f"config: mixers.s4d.model.{COMPONENT} 3")],
+)  # fmt: skip
+def test_booleans_and_components_are_checked_before_anything_runs(
+    tmp_path, recipe, config, change, message
+):
+    """A boolean given as text or a number (a non-empty string would read as true) and a
+    component that is not a dotted name are named, in process, before anything is written."""
+    cfg = OmegaConf.load(ROOT / "recipes" / "configs" / f"{config}.yaml")
+    if "output_dir" in cfg:
+        cfg.output_dir = str(tmp_path / "out")
+    with pytest.raises(ValueError, match=message):
+        load_recipe(recipe).main.__wrapped__(OmegaConf.merge(cfg, change))
+    assert not (tmp_path / "out").exists()
 
 
 def test_quantize_recipe(tmp_path):

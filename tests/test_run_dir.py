@@ -1,19 +1,24 @@
 """A run owns its output_dir (``idmix.training.run_dir``): one run at a time, a stale lock from a
-killed run is taken over, ``overwrite=True`` moves the previous run aside, and a resume
-continues only the run the directory holds."""
+killed run is taken over, ``overwrite=True`` moves the previous run aside in one rename (never a
+directory holding a live run, the working directory or home), a resume continues only the run
+the directory holds, and a failed one writes no run id."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from idmix.training.run_dir import LOCK, RUN_FILE, claim_run_dir, read_run_id
-from tests.test_recipe import ROOT, build_recipe, history, tune_run
+from idmix.training.trainer import train
+from tests.test_recipe import CONFIGS, QUICK, ROOT, build_recipe, history, tune_run
 
 
 def test_a_second_claim_is_refused_while_the_first_holds(tmp_path):
@@ -108,12 +113,96 @@ def test_a_second_run_on_a_busy_output_dir_stops_before_touching_it(tmp_path):
         holder.release()
 
 
-def test_a_run_from_before_run_ids_gets_one_that_lasts(tmp_path):
+def test_a_resume_claim_writes_no_run_id(tmp_path):
+    """A run from before run ids (no run.json) gets one only once its resume succeeded
+    (``Trainer._resume``): the claim alone, which a failed resume may end at, writes nothing."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("x: 1\n")  # an older idmix's run: no run.json
-    first = claim_run_dir(run, resume=True, overwrite=False)
-    first.release()
-    again = claim_run_dir(run, resume=True, overwrite=False)
-    assert again.run_id == first.run_id == read_run_id(run)
+    claim = claim_run_dir(run, resume=True, overwrite=False)
+    assert claim.run_id is None and not (run / RUN_FILE).exists()
+    claim.release()
+
+
+def _run(tmp_path, *overrides):
+    """A one-step run in tmp_path/run (what the recipe does: set-up, training, clean-up)."""
+    dotlist = [f"output_dir={tmp_path / 'run'}", *QUICK, "max_steps=1", "eval_every_n_steps=0",
+               "hf_export=false", *overrides]  # fmt: skip
+    cfg = OmegaConf.load(CONFIGS / "tiny_interdomain.yaml")
+    return train(OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist)))
+
+
+def test_a_failed_resume_never_writes_run_json_and_a_good_one_keeps_the_checkpoints_id(tmp_path):
+    run = tmp_path / "run"
+    run_id = _run(tmp_path).run_id
+    (run / RUN_FILE).unlink()  # a run whose run.json is gone (or from before run ids)
+    step = run / "checkpoints" / "step_000001"
+    (step / "extra_rank0.pt").rename(tmp_path / "extra_rank0.pt")
+    with pytest.raises(ValueError, match=r"extra_rank0.pt' is missing"):
+        _run(tmp_path, "max_steps=2", "resume_from_checkpoint=True")
+    assert not (run / RUN_FILE).exists()
+    (tmp_path / "extra_rank0.pt").rename(step / "extra_rank0.pt")
+    resumed = _run(tmp_path, "max_steps=2", "resume_from_checkpoint=True")
+    assert resumed.step == 2 and resumed.run_id == run_id == read_run_id(run)
+
+
+class Killed(BaseException):
+    """What kill -9 would do to the process at that moment."""
+
+
+def test_overwrite_moves_the_previous_run_in_one_rename(tmp_path, monkeypatch):
+    """A kill after the first move out of the run directory: with one rename the run has
+    already moved whole (a move entry by entry would split it across two directories)."""
+    run = tmp_path / "run"
+    old = claim_run_dir(run, resume=False, overwrite=False)
+    for name in ("config.yaml", "history.json", "model_final.pt"):
+        (run / name).write_text(name)
+    old.release()
+    moves = []
+    for name in ("rename", "replace"):
+        real = getattr(os, name)
+
+        def move(src, dst, real=real):
+            if Path(dst).resolve().parent != run.resolve():  # out of the run directory
+                if moves:
+                    raise Killed
+                moves.append(src)
+            return real(src, dst)
+
+        monkeypatch.setattr(os, name, move)
+    new = claim_run_dir(run, resume=False, overwrite=True)
+    monkeypatch.undo()
+    moved = {LOCK, RUN_FILE, "config.yaml", "history.json", "model_final.pt"}
+    assert {p.name for p in new.moved_to.iterdir()} == moved
+    new.release()
+
+
+def test_overwrite_refuses_a_directory_holding_a_live_run(tmp_path):
+    """overwrite=True on a parent of a running run's directory: refused, nothing moved (the
+    live run's lock is held through a second open file description, as another process's)."""
+    study = tmp_path / "study"
+    live = claim_run_dir(study / "runs" / "a", resume=False, overwrite=False)
+    try:
+        with pytest.raises(ValueError, match=r"holds a live run in .*runs/a.* \(pid \d+"):
+            claim_run_dir(study, resume=False, overwrite=True)
+        assert (study / "runs" / "a" / RUN_FILE).is_file()
+        assert not list(tmp_path.glob("study.replaced-*"))
+    finally:
+        live.release()
+    again = claim_run_dir(study, resume=False, overwrite=True)  # a finished run moves along
+    assert (again.moved_to / "runs" / "a" / RUN_FILE).is_file()
     again.release()
+
+
+def test_overwrite_refuses_the_working_directory_its_parents_and_home(tmp_path, monkeypatch):
+    work = tmp_path / "project" / "sub"
+    work.mkdir(parents=True)
+    (work / "notes.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    for out in (".", "..", work, tmp_path, tmp_path / "home"):
+        with pytest.raises(ValueError, match=r"overwrite=True would move it aside, so it is "):
+            claim_run_dir(Path(out), resume=False, overwrite=True)
+    assert sorted(p.name for p in work.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "project"]

@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from torchtune import config
 
 from ..training import checkpoint as ckpt
-from ..training.config_checks import check_keys, integer
+from ..training.config_checks import boolean, check_components, check_keys, integer
+from ..training.model_description import read_yaml_data
 from ..training.pretrain_config import check_training_section
 from ..training.trainer import Trainer
 from .diagnostics import output_rms_by_position, ssm_gradient_stats
@@ -40,6 +41,8 @@ SELECTION_TAIL = 0.1  # the last tenth of the training steps picks the learning 
 
 def check_config(cfg: DictConfig) -> None:
     check_keys(cfg, KEYS)
+    boolean(cfg, "overwrite")
+    check_components(cfg)
     check_training_section(cfg.training, SET_PER_RUN, "config.training")
     if not cfg.mixers:
         raise ValueError("config: mixers: expected at least one entry name -> {model, lr}")
@@ -65,7 +68,7 @@ def _run_config(cfg: DictConfig, name: str, lr: float, seed: int, run_dir: Path)
         cfg.training,
         {
             "output_dir": str(run_dir),
-            "overwrite": bool(cfg.overwrite),
+            "overwrite": cfg.overwrite,
             "resume_from_checkpoint": False,
             "seed": seed,
             "device": cfg.device,
@@ -85,7 +88,8 @@ def _train(run_cfg: DictConfig, run_dir: Path):
     number of parameters)."""
     saved = run_dir / "config.yaml"
     if saved.is_file():
-        if _comparable(OmegaConf.load(saved)) == _comparable(run_cfg):
+        plain = OmegaConf.to_container(run_cfg, resolve=True)
+        if _comparable(read_yaml_data(saved)) == _comparable(plain):  # the saved file as data
             resume = ckpt.latest_checkpoint(run_dir) is not None
             run_cfg = OmegaConf.merge(
                 run_cfg, {"resume_from_checkpoint": resume, "overwrite": not resume}
@@ -108,12 +112,10 @@ def _train(run_cfg: DictConfig, run_dir: Path):
     return trainer.model, trainer.history, trainer.tokens_per_step, params
 
 
-def _comparable(run_cfg: DictConfig) -> dict:
-    """A run's config without the keys that say how to start it."""
-    d = OmegaConf.to_container(run_cfg, resolve=True)
-    for key in ("resume_from_checkpoint", "overwrite"):
-        d.pop(key, None)
-    return d
+def _comparable(run_cfg: dict) -> dict:
+    """A run's config (plain data, as its config.yaml saves it) without the keys that say how
+    to start it."""
+    return {k: v for k, v in run_cfg.items() if k not in ("resume_from_checkpoint", "overwrite")}
 
 
 def rate_beyond_edge(rates: list[float], best: float) -> float | None:

@@ -18,7 +18,8 @@ from tqdm import tqdm
 from .. import generate
 from ..generation import release_caches
 from ..training.checkpoint import load_exported_model, safe_load
-from ..training.config_checks import check_keys
+from ..training.config_checks import boolean, check_components, check_keys
+from ..training.model_description import plain_description
 from .deploy import (
     QUANT_MODES,
     Decode,
@@ -56,6 +57,9 @@ MODES = (*QUANT_MODES, *PT2E_MODES)
 
 def check_config(cfg) -> None:
     check_keys(cfg, KEYS)
+    for key in ("overwrite", "aoti", "executorch"):
+        boolean(cfg, key)
+    check_components(cfg)
     unknown = sorted(set(cfg.modes) - set(MODES))
     if unknown or not cfg.modes:
         raise ValueError(f"config: modes: expected a list from {MODES}, got {list(cfg.modes)}")
@@ -201,7 +205,9 @@ def measure_all(cfg) -> tuple[dict, int]:
     out = Path(cfg.output_dir)
     torch.manual_seed(cfg.seed)
     base = load_exported_model(cfg.checkpoint, "cpu")
-    model_config = safe_load(cfg.checkpoint)["model_config"]
+    model_config = plain_description(
+        safe_load(cfg.checkpoint)["model_config"], f"checkpoint {str(cfg.checkpoint)!r}"
+    )
     stream = token_stream(config.instantiate(cfg.dataset), config.instantiate(cfg.tokenizer))
     prompt = stream[: cfg.prompt_len][None]
     rows = {}

@@ -15,7 +15,15 @@ from torchtune import config
 from tqdm import tqdm
 
 from ..models.state_size import recurrent_state_floats
-from ..training.config_checks import check_keys, integer, number, numbers, one_of
+from ..training.config_checks import (
+    boolean,
+    check_components,
+    check_keys,
+    integer,
+    number,
+    numbers,
+    one_of,
+)
 from ..training.optim import param_groups, warmup_cosine
 from ..training.plots import line_plot
 from . import recall
@@ -236,6 +244,8 @@ def check_config(cfg) -> tuple[list, list]:
     """Every key and number of the config, before anything runs; returns the checked `train`
     and `evaluate` settings."""
     check_keys(cfg, KEYS)
+    boolean(cfg, "overwrite")
+    check_components(cfg)
     mixer_entries(cfg)
     train_settings, eval_settings = settings(cfg)
     numbers(cfg, "lrs", 0, low_open=True, expected="a list of positive rates")

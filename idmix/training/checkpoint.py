@@ -8,7 +8,8 @@ Layout of a run directory::
     checkpoints/step_000100/   DCP shards of model + optimizer, extra_rank{r}.pt (step,
                                scheduler, data position, RNG of rank r, run id) and
                                manifest.json (size and SHA-256 of every file, run id, step)
-    checkpoints/latest         the name of the newest complete checkpoint
+    checkpoints/latest         the name of the newest complete checkpoint (a plain file:
+                               neither it nor a step directory is followed as a link)
     model_final.pt             {"model": full state dict, "model_config": plain dict} for
                                eval/generation; loaded with weights_only=True, its builder
                                checked against idmix.models (``load_exported_model``)
@@ -18,7 +19,9 @@ finished and its manifest is written, and ``latest`` is replaced atomically afte
 or a full disk mid-save leaves the previous checkpoint and pointer intact (a full disk also
 removes the partial directory). Loading runs no code from the files (``dcp_reader.py``: an
 allow-list for DCP's metadata pickle, tensors-only byte items, ``weights_only`` for the rest)
-and verifies the manifest first, naming a damaged file and the newest intact step.
+and verifies the manifest first, naming a damaged file and the newest intact step. A checkpoint
+this version writes (its ``extra_rank0.pt`` holds the run id) must have its manifest; one from
+before manifests loads with a note.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import pickle
 import random
 import re
 import shutil
+import stat
 from pathlib import Path
 
 import torch
@@ -44,8 +48,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from . import manifest
 from .dcp_reader import RestrictedReader, TensorsOnlyPlanner, read_dcp_metadata
-from .files import atomic_write, atomic_write_text
-from .trust import check_model_config
+from .files import atomic_write, atomic_write_text, disk_full
 
 STEP_NAME = re.compile(r"step_\d{6,}")
 # what save_checkpoint reports to on_stage(stage, step): the DCP shards written, extra state not
@@ -99,16 +102,6 @@ def _cause(e: BaseException) -> BaseException:
     return e
 
 
-def _disk_full(e: BaseException) -> bool:
-    e = _cause(e)
-    if isinstance(e, OSError):
-        return e.errno == errno.ENOSPC
-    # torch's zip writer reports a failed write as a RuntimeError ("unexpected pos")
-    return isinstance(e, RuntimeError) and (
-        "No space left" in str(e) or "unexpected pos" in str(e) or "file write failed" in str(e)
-    )
-
-
 def save_checkpoint(
     run_dir: Path, step: int, model, optimizer, extra: dict, run_id: str, on_stage=None
 ) -> Path:
@@ -140,7 +133,7 @@ def save_checkpoint(
     except BaseException as e:
         if _rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        if _disk_full(e):
+        if disk_full(_cause(e)):
             previous = latest_checkpoint(run_dir)
             kept = (
                 f"the previous checkpoint {str(previous)!r} is intact"
@@ -161,19 +154,48 @@ def save_checkpoint(
     return final
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint ``checkpoints/latest`` names, or None. The pointer may only name a
-    step directory beside it (never a path elsewhere)."""
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    name = pointer.read_text().strip()
-    if not STEP_NAME.fullmatch(name):
+def _refuse_link(path: Path) -> None:
+    if path.is_symlink():
         raise ValueError(
-            f"{str(pointer)!r} names {name[:80]!r}, not a step directory of this run "
+            f"{str(path)!r} is a symbolic link; a run's checkpoints are read only inside it, so "
+            "it is refused"
+        )
+
+
+def _pointer(root: Path) -> str | None:
+    """The step name in root/latest (None: no pointer), read without following a link; a
+    refusal quotes nothing of the file."""
+    pointer = root / "latest"
+    _refuse_link(root)
+    try:
+        fd = os.open(pointer, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            _refuse_link(pointer)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        text = f.read(65) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    name = text.decode("ascii", "replace").strip()
+    if len(text) > 64 or not STEP_NAME.fullmatch(name):
+        raise ValueError(
+            f"{str(pointer)!r}: what it holds is not a step directory of this run "
             "(step_NNNNNN); refusing to follow it"
         )
-    path = pointer.parent / name
+    return name
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint ``checkpoints/latest`` names, or None. The pointer may only name a
+    step directory beside it (never a path elsewhere), and neither it nor that directory may
+    be a symbolic link."""
+    root = Path(run_dir) / "checkpoints"
+    name = _pointer(root)
+    if name is None:
+        return None
+    path = root / name
+    _refuse_link(path)
     return path if path.is_dir() else None
 
 
@@ -184,19 +206,39 @@ def newest_intact(run_dir: Path, before: Path | None = None) -> Path | None:
         return int(path.name[len("step_") :])
 
     root = Path(run_dir) / "checkpoints"
-    steps = [p for p in root.glob("step_*") if STEP_NAME.fullmatch(p.name) and p.is_dir()]
+    steps = [
+        p
+        for p in root.glob("step_*")
+        if STEP_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink()
+    ]
     for path in sorted(steps, key=step, reverse=True):
         if (before is None or step(path) < step(before)) and manifest.is_intact(path):
             return path
     return None
 
 
+def _has_run_id(path: Path) -> bool:
+    """Whether a checkpoint was written with a manifest: its extra_rank0.pt holds the run id
+    (both came in one version, so a checkpoint from before manifests has neither)."""
+    extra = path / "extra_rank0.pt"
+    if not extra.is_file():
+        return False
+    state = safe_load(extra)
+    return isinstance(state, dict) and "run_id" in state
+
+
 def verify_checkpoint(path: Path, run_id: str | None) -> None:
     """Raise a ValueError naming the damaged file and the newest intact earlier step when
-    path's files do not match its manifest, or when it was written by another run."""
+    path's files do not match its manifest (or it lost the manifest it was written with), or
+    when it was written by another run."""
     path = Path(path)
     try:
         found = manifest.verify(path)
+        if found is None and _has_run_id(path):
+            raise manifest.DamagedCheckpointError(
+                f"{str(path / manifest.NAME)!r} is missing (this checkpoint was written with "
+                "one: its files cannot be checked without it)"
+            )
     except manifest.DamagedCheckpointError as e:
         intact = newest_intact(path.parent.parent, before=path)
         hint = (
@@ -273,38 +315,32 @@ def load_checkpoint(path: Path, model, optimizer, run_id: str | None = None) -> 
     return extra
 
 
+_UNPICKLER = re.compile(r"Unsupported global: GLOBAL \S+|Unsupported operand \S+")
+
+
 def safe_load(path):
     """torch.load with weights_only=True (tensors and plain data only: loading never runs code
-    from the file); a file that needs more is refused with an error naming it."""
+    from the file); a file that needs more, or that torch.load cannot read (truncated, damaged,
+    not a torch file), is refused with a ValueError naming it."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
+    except OSError:
+        raise
+    except Exception as e:  # torch.load reports a damaged file in many types
+        found = _UNPICKLER.search(str(e))
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        reason = found.group() if found else f"{type(e).__name__}: {first}"
+        if isinstance(e, pickle.UnpicklingError) and "Unsupported operand" not in reason:
+            raise ValueError(
+                f"checkpoint {str(path)!r} holds Python objects beyond tensors and plain data (a "
+                "file from an older idmix, or not from idmix), and loading those can run code. "
+                "Re-export it with this version, or load it with torch.load(weights_only=False) "
+                f"yourself if you trust where it came from. ({reason})"
+            ) from None
         raise ValueError(
-            f"checkpoint {str(path)!r} holds Python objects beyond tensors and plain data (a file "
-            "from an older idmix, or not from idmix), and loading those can run code. Re-export "
-            "it with this version, or load it with torch.load(weights_only=False) yourself if "
-            f"you trust where it came from. ({str(e).splitlines()[0]})"
+            f"checkpoint {str(path)!r} is not a file torch.save wrote, or is truncated or "
+            f"damaged ({reason})"
         ) from None
-
-
-_RESOLVER = re.compile(r"\$\{\s*[\w.\-]+\s*:")
-
-
-def check_no_resolvers(node, source: str, where: str = "config") -> None:
-    """Refuse OmegaConf resolver calls (``${oc.env:…}``, ``${name:…}``) in a config read from
-    a file: resolving them would read the environment or run registered code. References to
-    other keys (``${tokenizer.vocab_size}``) stay allowed."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            check_no_resolvers(value, source, f"{where}.{key}")
-    elif isinstance(node, list | tuple):
-        for i, value in enumerate(node):
-            check_no_resolvers(value, source, f"{where}[{i}]")
-    elif isinstance(node, str) and _RESOLVER.search(node):
-        raise ValueError(
-            f"{source}: {where} calls an OmegaConf resolver; configs read from files may only "
-            "refer to other keys, so it is refused (the value is not shown)"
-        )
 
 
 def export_model(path: Path, model, model_config: dict) -> None:
@@ -319,22 +355,17 @@ def export_model(path: Path, model, model_config: dict) -> None:
 
 
 def load_exported_model(path, device="cpu"):
-    """The model of an :func:`export_model` file, built from its config, in eval mode."""
-    from omegaconf import DictConfig
-    from torchtune import config
+    """The model of an :func:`export_model` file, built from its plain-data description
+    (``model_description``: a trusted builder, sizes checked against the weights on the meta
+    device first), in eval mode."""
+    from .model_description import build_described
 
     if not Path(path).is_file():
         raise ValueError(f"config: checkpoint: no such file {str(path)!r}")
     saved = safe_load(path)
     if not isinstance(saved, dict) or "model" not in saved or "model_config" not in saved:
         raise ValueError(f"config: checkpoint {str(path)!r} is not a model_final.pt export")
-    from ..modules import upgrade_state_dict
-
-    check_no_resolvers(saved["model_config"], f"checkpoint {str(path)!r}", "model_config")
-    check_model_config(saved["model_config"], f"checkpoint {str(path)!r}")
-    model = config.instantiate(DictConfig(saved["model_config"]))
-    upgrade_state_dict(saved["model"], model.state_dict().keys())  # exports of older layouts
-    check_compatible(model, saved["model"], f"checkpoint {str(path)!r}")
+    model = build_described(saved["model_config"], saved["model"], f"checkpoint {str(path)!r}")
     model.load_state_dict(saved["model"])
     return model.to(device).eval()
 

@@ -1,13 +1,13 @@
-"""Config checks shared by every recipe: unknown keys, integers and numbers in range. Each error
-is a ValueError that names the key (``config: <where><key>: expected …, got …``), raised before
-anything runs."""
+"""Config checks shared by every recipe: unknown keys, booleans, integers and numbers in range,
+components named by text. Each error is a ValueError that names the key (``config: <where><key>:
+expected …, got …``), raised before anything runs."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
 
-from omegaconf import ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 
 def fail(msg: str):
@@ -25,6 +25,35 @@ def check_keys(section, known: Iterable[str], where: str = "config") -> None:
     unknown = sorted(set(section.keys()) - set(known))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; known keys: {sorted(known)}")
+
+
+def boolean(section, key: str, where: str = "", default: bool | None = None) -> bool:
+    """section[key] as a bool (absent: default, when one is given), else a ValueError naming
+    the key: text such as "false" and numbers are refused, never read as true or false."""
+    if default is not None and key not in section:
+        return default
+    value = section.get(key)
+    if not isinstance(value, bool):
+        fail(f"{where}{key}: expected true or false, got {value!r}")
+    return value
+
+
+def check_components(node, where: str = "") -> None:
+    """Every ``_component_`` in a config, at any depth, is a dotted name (text), else a
+    ValueError naming its key, before torchtune's instantiate sees it."""
+    if isinstance(node, DictConfig):
+        keys = [(k, f"{where}{k}") for k in node.keys()]
+    elif isinstance(node, ListConfig):
+        keys = [(i, f"{where.removesuffix('.')}[{i}]") for i in range(len(node))]
+    else:
+        return
+    for key, name in keys:
+        if OmegaConf.is_missing(node, key):
+            continue
+        value = node[key]
+        if key == "_component_" and not (isinstance(value, str) and value):
+            fail(f"{name}: expected a dotted name (text), got {value!r}")
+        check_components(value, f"{name}.")
 
 
 def integer(section, key: str, minimum: int, where: str = "", optional: bool = False):
@@ -48,8 +77,8 @@ def number(
     high_open: bool = False,
     optional: bool = False,
 ):
-    """section[key] as a finite float in [low, high] (open ends as asked; None allowed when
-    optional), else a ValueError naming the key."""  # fmt: skip
+    """section[key] as a finite float in [low, high] (open ends as asked, an infinite end is
+    always open; None allowed when optional), else a ValueError naming the key."""  # fmt: skip
     value = section.get(key)
     if value is None and optional:
         return None
@@ -57,7 +86,8 @@ def number(
     ok = ok and (value > low if low_open else value >= low)
     ok = ok and (value < high if high_open else value <= high)
     if not ok:
-        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+        lo = "(" if low_open or math.isinf(low) else "["
+        hi = ")" if high_open or math.isinf(high) else "]"
         fail(f"{where}{key}: expected a finite number in {lo}{low:g}, {high:g}{hi}, got {value!r}")
     return float(value)
 

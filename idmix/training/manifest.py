@@ -1,11 +1,14 @@
 """A checksum manifest per checkpoint: ``manifest.json`` lists every file of the checkpoint
 directory with its size and SHA-256, and the run id and step that wrote it; a checkpoint is
-intact when every listed file is there with that size and hash and nothing else is."""
+intact when every listed file is there with that size and hash and nothing else is. A
+checkpoint is read without following symbolic links: a link (the directory itself or any entry
+in it) could lead outside the run, and is refused."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 NAME = "manifest.json"
@@ -13,19 +16,36 @@ FORMAT = 1
 
 
 class DamagedCheckpointError(ValueError):
-    """A checkpoint's files do not match its manifest."""
+    """A checkpoint's files do not match its manifest, or are not plain files inside it."""
 
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
 
 
+def _refuse(path: Path, what: str):
+    raise DamagedCheckpointError(
+        f"{str(path)!r} is {what}; a checkpoint is read only from plain files inside its "
+        "directory (a link could lead outside the run)"
+    )
+
+
 def _listed(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.iterdir() if p.is_file() and p.name != NAME)
+    """The files of a checkpoint directory but its manifest, read without following links: a
+    symbolic link (the directory or an entry) or anything but a regular file is refused."""
+    if directory.is_symlink():
+        _refuse(directory, "a symbolic link")
+    entries = sorted(Path(e.path) for e in os.scandir(directory))
+    for path in entries:
+        if path.is_symlink():
+            _refuse(path, "a symbolic link")
+        if not path.is_file():
+            _refuse(path, "not a regular file")
+    return [p for p in entries if p.name != NAME]
 
 
 def write_manifest(directory: Path, run_id: str, step: int) -> dict:
@@ -36,29 +56,32 @@ def write_manifest(directory: Path, run_id: str, step: int) -> dict:
     return manifest
 
 
-def read_manifest(directory: Path) -> dict | None:
-    """The manifest of a checkpoint directory, or None for one written before manifests."""
-    path = Path(directory) / NAME
+def _read_manifest(directory: Path) -> dict | None:
+    """The manifest of a checkpoint directory whose entries are plain files, or None when it has
+    none."""
+    path = directory / NAME
     if not path.is_file():
         return None
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DamagedCheckpointError(f"{str(path)!r}: not a readable manifest ({e})") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
         raise DamagedCheckpointError(f"{str(path)!r}: not a checkpoint manifest")
     return manifest
 
 
 def verify(directory: Path) -> dict | None:
     """Check every file of a checkpoint directory against its manifest (None: no manifest).
-    Raises DamagedCheckpointError naming the first missing, extra, resized or changed file."""
+    Raises DamagedCheckpointError naming a link or the first missing, extra, resized or changed
+    file."""
     directory = Path(directory)
-    manifest = read_manifest(directory)
+    present = {p.name for p in _listed(directory)}
+    manifest = _read_manifest(directory)
     if manifest is None:
         return None
     files = manifest["files"]
-    present = {p.name for p in _listed(directory)}
     missing, extra = sorted(files.keys() - present), sorted(present - files.keys())
     if missing:
         raise DamagedCheckpointError(f"{str(directory / missing[0])!r} is missing")

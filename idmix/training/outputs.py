@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import checkpoint as ckpt
 from .files import atomic_write_json
+from .model_description import plain_description
 from .plots import plot_history
 from .tokenizer import BPETokenizer
 from .trust import trusting_own_builders
@@ -39,6 +40,7 @@ def write_run_results(out: Path, history: list[dict], rank: int) -> None:
 def export_final_model(out: Path, model, model_config: dict, tokenizer=None, hf=True) -> None:
     """model_final.pt: the full state dict and the plain model config (loads without the run's
     config; ``checkpoint.load_exported_model``); with hf, also ``hf/`` from it (rank 0)."""
+    model_config = plain_description(model_config, "config: model")
     ckpt.export_model(out / "model_final.pt", model, model_config)
     if hf:
         with trusting_own_builders(model_config):  # the run has just built them

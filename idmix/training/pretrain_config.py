@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from .config_checks import check_keys, fail, integer, number, numbers, one_of
+from .config_checks import (
+    boolean,
+    check_components,
+    check_keys,
+    fail,
+    integer,
+    number,
+    numbers,
+    one_of,
+)
 
 KEYS = {
     "output_dir", "overwrite", "resume_from_checkpoint", "seed", "device", "dtype", "model",
@@ -17,11 +26,17 @@ KEYS = {
     "context_parallel_size",
 }  # fmt: skip
 OPTIMIZER_KEYS = {"lr", "betas", "eps", "weight_decay", "ssm_lr_cap"}
+# the boolean keys and their value when absent (None: required); hf_export writes output_dir/hf/
+BOOLEANS = {
+    "overwrite": None, "resume_from_checkpoint": None, "compile": None,
+    "enable_activation_checkpointing": None, "hf_export": True,
+}  # fmt: skip
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def check_pretrain_config(cfg) -> None:
-    """Unknown keys, the dtype and every numeric setting (each error names its key)."""
+    """Unknown keys, the dtype, every boolean, component name and numeric setting (each error
+    names its key)."""
     unknown = sorted(set(cfg.keys()) - KEYS)
     if unknown:
         fail(f"unknown keys {unknown}; known keys: {sorted(KEYS)}")
@@ -29,8 +44,9 @@ def check_pretrain_config(cfg) -> None:
     if unknown:
         fail(f"unknown optimizer keys {unknown}; known: {sorted(OPTIMIZER_KEYS)}")
     one_of(cfg, "dtype", DTYPES)
-    if not isinstance(cfg.get("hf_export", True), bool):  # absent: on (output_dir/hf/)
-        fail(f"hf_export: expected true or false, got {cfg.hf_export!r}")
+    for key, default in BOOLEANS.items():
+        boolean(cfg, key, default=default)
+    check_components(cfg)
     for key in ("seq_len", "batch_size", "log_every_n_steps", "eval_batches"):
         integer(cfg, key, 1)
     check_context_parallel(cfg)
@@ -72,5 +88,11 @@ def check_context_parallel(cfg) -> None:
 
 
 def check_training_section(section, set_per_run, where: str) -> None:
-    """A pretraining config without the keys another recipe sets per run (compare_mixers)."""
+    """A pretraining config without the keys another recipe sets per run (compare_mixers): its
+    keys, booleans and component names."""
     check_keys(section, KEYS - set(set_per_run), where)
+    prefix = f"{where.removeprefix('config.')}."  # errors read "config: training.<key>: …"
+    for key, default in BOOLEANS.items():
+        if key not in set_per_run:
+            boolean(section, key, prefix, default)
+    check_components(section, prefix)

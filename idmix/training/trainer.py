@@ -28,11 +28,12 @@ from . import checkpoint as ckpt
 from . import distributed
 from .callbacks import Callback, MetricLoggers, ProgressBar
 from .config_checks import fail, resolved
+from .model_description import plain_description, saved_model_description
 from .optim import param_groups, warmup_cosine
 from .outputs import export_final_model, summary_text, write_run_results
 from .packing import PackedStream, cycling_documents, streaming_documents
 from .pretrain_config import check_pretrain_config
-from .run_dir import claim_run_dir
+from .run_dir import claim_run_dir, stamp_run_id
 
 
 class Trainer:
@@ -61,18 +62,22 @@ class Trainer:
         self.run_id = self._claim_run_dir()
 
     # configuration checks ---------------------------------------------------------------------
-    def _claim_run_dir(self) -> str:
-        """Rank 0 locks output_dir for this run (run_dir.py) and every rank learns the run id;
-        a refusal is raised on every rank."""
+    def _claim_run_dir(self) -> str | None:
+        """Rank 0 locks output_dir for this run (run_dir.py) and every rank learns the run id
+        (None when resuming a run from before run.json: ``_resume`` stamps it); a refusal is
+        raised on every rank."""
         cfg = self.cfg
 
         def claim():
             self.claim = claim_run_dir(self.out, cfg.resume_from_checkpoint, cfg.overwrite)
             for note in self.claim.notes:
                 print(note, flush=True)
-            if cfg.resume_from_checkpoint and ckpt.latest_checkpoint(self.out) is None:
+            try:
+                if cfg.resume_from_checkpoint and ckpt.latest_checkpoint(self.out) is None:
+                    fail(f"resume_from_checkpoint=True but {str(self.out)!r} has no checkpoint")
+            except BaseException:
                 self.claim.release()
-                fail(f"resume_from_checkpoint=True but {str(self.out)!r} has no checkpoint")
+                raise
             return self.claim.run_id
 
         return ckpt.on_rank0(claim)
@@ -152,7 +157,7 @@ class Trainer:
         if cfg.resume_from_checkpoint:
             self._resume()
         elif self.rank == 0:
-            OmegaConf.save(cfg, self.out / "config.yaml")
+            OmegaConf.save(cfg, self.out / "config.yaml", resolve=True)  # plain data
 
     def _documents(self, dataset_cfg, seed):
         ds = config.instantiate(dataset_cfg)
@@ -177,11 +182,8 @@ class Trainer:
 
     def _resume(self) -> None:
         path = ckpt.latest_checkpoint(self.out)
-        saved = OmegaConf.load(self.out / "config.yaml")  # YAML: plain data
-        ckpt.check_no_resolvers(
-            OmegaConf.to_container(saved, resolve=False), str(self.out / "config.yaml")
-        )
-        saved_model, model = resolved(saved.model), resolved(self.cfg.model)
+        saved_model = saved_model_description(self.out / "config.yaml")
+        model = plain_description(resolved(self.cfg.model), "config: model")
         if saved_model != model:
             fail(
                 f"the checkpoint in {str(self.out)!r} was written by model {saved_model}, but "
@@ -191,6 +193,9 @@ class Trainer:
         self.scheduler.load_state_dict(extra["scheduler"])
         self.train_stream.load_state_dict(extra["data"])
         self.step, self.history = extra["step"], extra["history"]
+        if self.run_id is None:  # a run from before run.json: stamped only now, once resumed,
+            # with its checkpoint's id (or a new one for a run from before run ids)
+            self.run_id = ckpt.on_rank0(lambda: stamp_run_id(self.out, extra.get("run_id")))
         self._log_line(f"resumed from {path} at step {self.step}")
 
     # training ---------------------------------------------------------------------------------
