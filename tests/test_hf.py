@@ -333,6 +333,7 @@ def _edited(source: Path, dest: Path, edit) -> Path:
         (lambda c: c["overrides"].update(embed_dim=64), "embed_dim"),
         (lambda c: c["overrides"].update(vocab_size=100), "vocab_size"),
         (lambda c: c["overrides"].update(num_layers=3), "num_layers"),
+        (lambda c: c["overrides"].update(num_layers=10**8), "num_layers"),  # named before a build
         (lambda c: c["overrides"].update(num_modes=4), "num_modes"),
         (lambda c: c["overrides"].update(mixer="s4d"), "mixer"),
         (lambda c: c.update(hidden_size=64), "hidden_size"),

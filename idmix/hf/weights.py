@@ -4,11 +4,13 @@ dtype, or an error naming the config field that does not fit."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 
+from idmix.training.model_description import compare_shapes, meta_model
+
+from .configuration import description
 from .weight_files import PREFIX, tensor_specs
 
 # safetensors' names of the dtypes a state dict holds
@@ -24,16 +26,6 @@ DTYPE_NAMES = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
-# (state-dict key, dimension, the decoder argument that sets it)
-FIELDS = (
-    ("tok_embeddings.weight", 0, "vocab_size"),
-    ("tok_embeddings.weight", 1, "embed_dim"),
-    ("layers.0.mlp.w1.weight", 0, "intermediate_dim"),
-    ("layers.0.attn.key_norm.bias", 1, "num_heads"),  # d_h = embed_dim / num_heads
-    ("layers.0.attn.core.log_A_real", 0, "num_state_groups"),
-    ("layers.0.attn.core.log_A_real", 1, "num_modes"),
-)
-_LAYER = re.compile(r"^layers\.(\d+)\.")
 
 
 def float_dtype(config) -> torch.dtype:
@@ -73,40 +65,10 @@ def check_weights(path: Path, config) -> None:
             "transformers_weights: config.json names a weight file; idmix directories load "
             "model.safetensors or the shards of model.safetensors.index.json only"
         )
-    with torch.device("meta"):
-        model = config.build()
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     specs = tensor_specs(path)
     found = {k: shape for k, (shape, _, _) in specs.items()}
     where = f"{path}/config.json (builder {config.builder!r}, overrides {config.overrides})"
-    if expected == found:
-        _check_dtypes(specs, model, config, where)
-        return
-    for key, dim, field in FIELDS:
-        if key in expected and key in found and expected[key][dim] != found[key][dim]:
-            got, want = found[key][dim], expected[key][dim]
-            if field == "num_heads":  # the file holds d_h; say it as a head count
-                d = expected["tok_embeddings.weight"][1]
-                got, want = d // got, d // want
-            raise ValueError(
-                f"{field}: the weights have {field} = {got} ({key} {found[key]}), but {where} "
-                f"builds {want}; set overrides.{field} = {got}"
-            )
-    layers = [{int(m[1]) for k in d if (m := _LAYER.match(k))} for d in (found, expected)]
-    if len(layers[0]) != len(layers[1]):
-        raise ValueError(
-            f"num_layers: the weights have {len(layers[0])} layers, but {where} builds "
-            f"{len(layers[1])}; set overrides.num_layers = {len(layers[0])}"
-        )
-    missing, unexpected = sorted(expected.keys() - found), sorted(found.keys() - expected)
-    wrong = sorted(k for k in expected.keys() & found.keys() if expected[k] != found[k])
-    if missing and not unexpected and not wrong:
-        raise ValueError(
-            f"{path}: the weight files lack {missing[:3]} ({len(missing)} in all), which {where} "
-            "builds; a missing weight is never left uninitialised"
-        )
-    raise ValueError(
-        f"mixer: the weights do not fit the mixer {where} builds (its name or options): "
-        f"missing {missing[:3]}, unexpected {unexpected[:3]}, other shapes "
-        + ", ".join(f"{k}: weights {found[k]} vs model {expected[k]}" for k in wrong[:3])
-    )
+    builder, kwargs = description(config.builder, config.overrides)
+    model = meta_model(builder, kwargs, found, where)
+    compare_shapes(model, found, where, fix="overrides.")
+    _check_dtypes(specs, model, config, where)

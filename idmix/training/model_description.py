@@ -198,9 +198,10 @@ def meta_model(builder: Callable, kwargs: dict, shapes: Mapping, where: str) -> 
         raise ValueError(f"{where}: model_config does not build ({e})") from None
 
 
-def compare_shapes(model: nn.Module, shapes: Mapping, where: str) -> None:
+def compare_shapes(model: nn.Module, shapes: Mapping, where: str, fix: str = "") -> None:
     """model's tensors are exactly those ``shapes`` ({key: shape}) describes, or a ValueError
-    naming the builder argument behind the first difference."""
+    naming the builder argument behind the first difference (and, with fix, e.g.
+    ``"overrides."``, what to set: ``; set overrides.<field> = <value>``)."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     found = {k: tuple(s) for k, s in shapes.items()}
     if expected == found:
@@ -213,15 +214,21 @@ def compare_shapes(model: nn.Module, shapes: Mapping, where: str) -> None:
                 got, want = d // got, d // want
             raise ValueError(
                 f"{field}: the weights have {field} = {got} ({key} {found[key]}), but {where} "
-                f"builds {want}"
+                f"builds {want}" + (f"; set {fix}{field} = {got}" if fix else "")
             )
-    if _layer_count(expected) != _layer_count(found):
+    layers = _layer_count(found)
+    if _layer_count(expected) != layers:
         raise ValueError(
-            f"num_layers: the weights have {_layer_count(found)} layers, but {where} builds "
-            f"{_layer_count(expected)}"
+            f"num_layers: the weights have {layers} layers, but {where} builds "
+            f"{_layer_count(expected)}" + (f"; set {fix}num_layers = {layers}" if fix else "")
         )
     missing, unexpected = sorted(expected.keys() - found), sorted(found.keys() - expected)
     wrong = sorted(k for k in expected.keys() & found.keys() if expected[k] != found[k])
+    if missing and not unexpected and not wrong:
+        raise ValueError(
+            f"the weights lack {missing[:3]} ({len(missing)} in all), which {where} builds; a "
+            "missing weight is never left uninitialised"
+        )
     raise ValueError(
         f"mixer: the weights do not fit the mixer {where} builds (its name or options): "
         f"missing {missing[:3]}, unexpected {unexpected[:3]}, other shapes "
