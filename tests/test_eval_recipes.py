@@ -153,7 +153,7 @@ def test_train_recall_recipe(tmp_path):
         ("mixers=[gla, gla]", "mixers\\[1\\]: 'gla' is listed twice"),
         ("mixers=[{gla: 3}]", "mixers\\[0\\].gla: expected a mapping of model options"),
         ("mixers=[[gla]]", "mixers\\[0\\]: expected a mixer name or"),
-        ("lrs=[1e-3,-1]", "lrs\\[1\\]: expected a finite number in \\(0, inf\\], got -1"),
+        ("lrs=[1e-3,-1]", "lrs\\[1\\]: expected a finite number in \\(0, inf\\), got -1"),
     ],
 )
 def test_train_recall_rejects_bad_settings(tmp_path, override, message):
