@@ -40,7 +40,7 @@ def test_generate_names_a_missing_or_mismatched_checkpoint(tmp_path):
         {"model": sd, "model_config": {"_component_": "idmix.models.interdomain_tiny"}}, path
     )
     out = run(f"checkpoint={path}")
-    assert out.returncode != 0 and "does not match the model" in out.stderr
+    assert out.returncode != 0 and "the weights lack ['output.weight']" in out.stderr
 
 
 def test_generate_names_an_empty_prompt_and_a_tokenizer_the_model_does_not_fit(tmp_path):
