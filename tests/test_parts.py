@@ -93,7 +93,8 @@ def test_a_config_node_names_a_mixer_builder_and_gets_the_options():
     for bad, match in [
         ({"_component_": "examples.nowhere.mixer"}, "mixer._component_: cannot import"),
         ({"num_modes": 8}, "mixer._component_: expected the dotted path"),
-        ("examples.relu_feature_map.relu_interdomain", "mixer: expected one of"),
+        ("examples.nowhere.mixer", "mixer._component_: cannot import"),  # dotted: a builder
+        ("relu_interdomain", "mixer: expected one of"),
     ]:
         with pytest.raises(ValueError, match=match):
             models.decoder(**TOY, mixer=bad)
