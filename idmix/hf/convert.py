@@ -19,8 +19,13 @@ from transformers import PreTrainedTokenizerFast
 
 from idmix.modules import upgrade_state_dict
 from idmix.training import tokenizer as tokenizers
-from idmix.training.checkpoint import check_compatible, safe_load
-from idmix.training.model_description import check_description, plain_description
+from idmix.training.checkpoint import safe_load
+from idmix.training.model_description import (
+    check_description,
+    check_given_sizes,
+    compare_shapes,
+    plain_description,
+)
 
 from .configuration import IdmixConfig
 from .directory import check_replaceable, write_dir
@@ -57,9 +62,11 @@ def save_hf(state_dict: dict, model_config: dict, out_dir, tokenizer=None, overw
     config = IdmixConfig(
         builder=builder, overrides=overrides, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos
     )
+    shapes, where = {k: v.shape for k, v in state_dict.items()}, f"{builder} {overrides}"
+    check_given_sizes(config.overrides, shapes, where)
     with torch.device("meta"):  # shapes only; the weights come from state_dict
         model = IdmixForCausalLM(config)
-    check_compatible(model.model, state_dict, f"{builder} {overrides}")
+    compare_shapes(model.model, shapes, where)
     model.model.load_state_dict(state_dict, assign=True)
     model.generation_config.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
 

@@ -368,26 +368,3 @@ def load_exported_model(path, device="cpu"):
     model = build_described(saved["model_config"], saved["model"], f"checkpoint {str(path)!r}")
     model.load_state_dict(saved["model"])
     return model.to(device).eval()
-
-
-def check_compatible(model, state_dict: dict, source: str) -> None:
-    """Raise a clear error when a checkpoint does not fit the model (names or shapes)."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    found = {k: tuple(v.shape) for k, v in state_dict.items()}
-    missing, unexpected = (
-        sorted(expected.keys() - found.keys()),
-        sorted(found.keys() - expected.keys()),
-    )
-    wrong = [k for k in expected.keys() & found.keys() if expected[k] != found[k]]
-    if missing or unexpected or wrong:
-        parts = []
-        if missing:
-            parts.append(f"missing {missing[:3]}{'…' if len(missing) > 3 else ''}")
-        if unexpected:
-            parts.append(f"unexpected {unexpected[:3]}{'…' if len(unexpected) > 3 else ''}")
-        if wrong:
-            k = wrong[0]
-            parts.append(
-                f"{len(wrong)} shape mismatches, e.g. {k}: model {expected[k]} vs {found[k]}"
-            )
-        raise ValueError(f"{source}: checkpoint does not match the model ({'; '.join(parts)})")
