@@ -11,6 +11,9 @@ Each launch is a ``Launch``: its kind ("triton" or "torch"), name, grid (Triton)
 moves through HBM and the multiply-adds of its matrix products, counted from its arguments.
 A PyTorch op that is a view, an allocation or a composite of others launches nothing and is
 left out; its children are counted. ``benchmarks/cost_model.py`` turns the list into time.
+Beside the launches, the bytes the call allocates: every tensor an op returns that is not a view
+or one of its inputs (the kernels' outputs and scratch included), summed over the call, an upper
+bound on what it holds at once.
 
     TRITON_INTERPRET=1 python benchmarks/launches.py --B 1 --T 16384 --H 4   # the table
 """
@@ -79,6 +82,7 @@ class _Recorder(TorchDispatchMode):
     def __init__(self, launches: list[Launch]):
         super().__init__()
         self.launches = launches
+        self.allocated = 0  # bytes of every fresh tensor the ops returned
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -89,10 +93,12 @@ class _Recorder(TorchDispatchMode):
             with self:
                 return opdef._init_fn(*args, **kwargs)
         out = func(*args, **kwargs)
-        if _launches_nothing(func):
-            return out
         ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if not func.is_view:
+            self.allocated += sum(_nbytes(t) for t in outs if not any(t is i for i in ins))
+        if _launches_nothing(func):
+            return out
         name = func.__name__.split(".")[0]
         extra = {"scan": args[0].shape[args[1]]} if name == "cummax" else {}
         in_bytes = sum(_nbytes(t) for t in ins)
@@ -111,6 +117,9 @@ def _chunk_macs(name, a, programs):
     per_chunk = {
         "_pass1_kernel": L * L * R + L * R * M2 + L * L * M2,
         "_pass2_kernel": L * M2 * L + L * L * D + L * M2 * D,
+        # p's products run once per block of BM output modes
+        "_output_kernel": L * L * R + -(-M2 // max(1, 2 * a.get("BM", M2))) * (L * R * M2 + L * L * M2)
+        + L * M2 * M2 + L * L * M2 + L * M2 * D + L * L * D,
         "_pass2_bwd_lag_kernel": 2 * L * D * L + 3 * L * L * M2,
         "_pass2_bwd_state_kernel": 2 * L * D * M2,
         "_pass1_bwd_lag_kernel": 3 * L * R * L + 2 * L * L * M2,
@@ -131,7 +140,8 @@ def _traffic(args, tokens: int) -> int:
 
 @contextlib.contextmanager
 def gpu_route(launches: list[Launch], tokens: int):
-    """Run the chunked op as on a CUDA tensor, recording its launches and skipping the kernels."""
+    """Run the chunked op as on a CUDA tensor, recording its launches and skipping the kernels;
+    yields the recorder (its ``allocated`` bytes)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from idmix.functional.interdomain import chunked, nonfinite, validation
@@ -179,8 +189,8 @@ def gpu_route(launches: list[Launch], tokens: int):
     for obj, attr, value in patches:
         setattr(obj, attr, value)
     try:
-        with _Recorder(launches):
-            yield
+        with _Recorder(launches) as recorder:
+            yield recorder
     finally:
         for obj, attr, value in saved:
             setattr(obj, attr, value)
@@ -199,22 +209,23 @@ def op_inputs(B, T, H, R=64, D=64, M=64, dtype=torch.bfloat16, device="meta"):
 
 
 def count(B, T, H, R=64, D=64, M=64, dtype=torch.bfloat16, precision="ieee", reset=False):
-    """(forward launches, backward launches) of one forward+backward of the chunked op on the
-    GPU route. precision "ieee" stands for "tf32" (on CUDA a flag, the same launches)."""
+    """(forward launches, backward launches, {"forward", "backward": bytes allocated}) of one
+    forward+backward of the chunked op on the GPU route. precision "ieee" stands for "tf32" (on
+    CUDA a flag, the same launches)."""
     from idmix.functional import interdomain_attention_real
 
     q, k, v, lam_ri, beta_ri, G_hat = op_inputs(B, T, H, R, D, M, dtype)
     starts = torch.zeros(B, T, dtype=torch.bool, device="meta") if reset else None
     tokens = B * T * H
     fwd, bwd = [], []
-    with gpu_route(fwd, tokens):
+    with gpu_route(fwd, tokens) as forward:
         o, _ = interdomain_attention_real(
             q, k, v, lam_ri, beta_ri, G_hat, backend="triton", precision=precision, reset=starts
         )
     do = torch.empty_like(o)
-    with gpu_route(bwd, tokens):
+    with gpu_route(bwd, tokens) as backward:
         torch.autograd.backward(o, do)
-    return fwd, bwd
+    return fwd, bwd, {"forward": forward.allocated, "backward": backward.allocated}
 
 
 def as_json(launches: list[Launch]) -> list[dict]:
@@ -267,21 +278,27 @@ def main(argv=None):
     ap.add_argument("--reset", action="store_true", help="with a document-start mask")
     ap.add_argument("--json", type=Path, help="write {forward, backward: [launch]} here")
     args = ap.parse_args(argv)
-    fwd, bwd = count(args.B, args.T, args.H, reset=args.reset)
+    fwd, bwd, allocated = count(args.B, args.T, args.H, reset=args.reset)
     if args.json:
-        args.json.write_text(json.dumps({"forward": as_json(fwd), "backward": as_json(bwd)}))
+        data = {"forward": as_json(fwd), "backward": as_json(bwd), "allocated": allocated}
+        args.json.write_text(json.dumps(data))
     tokens = args.B * args.T * args.H
     header = ["kind", "launch", "grid", "calls", "bytes/tok·head", "MACs/tok·head"]
     for title, part in (("forward", fwd), ("backward", bwd)):
         s = summary(part)
         print_table(
             f"{title} at B={args.B}, T={args.T}, H={args.H}: {s['triton']} Triton launches, "
-            f"{s['torch']} PyTorch kernels",
+            f"{s['torch']} PyTorch kernels, {allocated[title] / tokens:.0f} B allocated per "
+            "token·head",
             header,
             _rows(part, tokens),
         )
     s = summary(fwd + bwd)
-    print(f"\nforward+backward: {s['triton']} Triton launches, {s['torch']} PyTorch kernels")
+    both = (allocated["forward"] + allocated["backward"]) / tokens
+    print(
+        f"\nforward+backward: {s['triton']} Triton launches, {s['torch']} PyTorch kernels, "
+        f"{both:.0f} B allocated per token·head"
+    )
 
 
 if __name__ == "__main__":

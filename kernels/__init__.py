@@ -7,6 +7,7 @@ set ``TRITON_INTERPRET=1`` before this package is imported.
 """
 
 from .chunk_input_grads import input_grads
+from .chunk_output import chunk_output, fits_fused_output
 from .chunk_intra import intra_chunk_pass1, intra_chunk_pass2
 from .chunk_intra_bwd import intra_chunk_pass1_backward, intra_chunk_pass2_backward
 from .chunk_states import Containment, chunk_states, chunk_states_backward
@@ -24,11 +25,13 @@ from .tiles import block
 __all__ = [
     "Containment",
     "block",
+    "chunk_output",
     "chunk_states",
     "chunk_states_backward",
     "decay_tables",
     "decay_tables_backward",
     "decode_step_triton",
+    "fits_fused_output",
     "input_grads",
     "intra_chunk_pass1",
     "intra_chunk_pass1_backward",

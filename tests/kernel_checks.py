@@ -78,6 +78,8 @@ CHUNKED_CASES = [
     (1, 130, 2, 4, 4, 3, 32, (1e-3, 1e-1), {0: [64, 65, 129]}, "product", torch.float32),
     # several mode blocks (the interpreter's BM is 8) and feature blocks (BK = 32), all ragged
     (1, 45, 1, 40, 36, 20, 16, (1e-3, 1e-1), {0: [30]}, "conj", torch.float32),
+    # keys wider than the fused output kernel takes (R > 64): pass 1, a GEMM and pass 2
+    (1, 20, 2, 70, 3, 2, 8, (1e-3, 1e-1), {0: [9]}, "conj", torch.float32),
     # bf16 inputs without resets: the kernels read the bf16 chunk copies as they are
     (1, 40, 2, 5, 4, 3, 16, (1e-3, 1e-1), {}, "product", torch.bfloat16),
 ]
@@ -356,7 +358,8 @@ def check_chunked_compiles_and_exports(device: str) -> None:
 def check_parts_alone(device: str) -> None:
     """Each kernel on its own equals the PyTorch segment code's intermediates: the decay tables
     (and their gradients), the chunk-state scan (start and end states), pass 1 (p) and pass 2
-    (o), reading q, k, v by stride from (B, T, H, ·); and the non-finite flags."""
+    (o), the fused pass 1 + Ĝ + pass 2 (o), reading q, k, v by stride from (B, T, H, ·); and
+    the non-finite flags."""
     import idmix_kernels as kern
 
     from idmix.functional.interdomain import chunk_torch
@@ -405,6 +408,9 @@ def check_parts_alone(device: str) -> None:
         o_view = chunk_view(o, N, L, transpose=False)
         kern.intra_chunk_pass2(f.w, views[2], starts, dec.start, dec.end, R, o_view, r)
         assert_rel(o_view, o_ref, 1e-5, f"pass 2 (reset={r is not None})")
+        o.zero_()
+        kern.chunk_output(*views, starts, dec.start, dec.end, G, o_view, r)
+        assert_rel(o_view, o_ref, 1e-5, f"fused output (reset={r is not None})")
     # the end-of-chunk gradients alone, with more features than one block (BK = 64)
     Rw, dkT = 70, torch.randn(B, H, N, 70, L, generator=g).to(device)
     kw = torch.randn(B, N * L, H, Rw, generator=g).to(device)

@@ -1,7 +1,10 @@
 """The shared-decay chunked op on the Triton kernels, as torch custom ops
 (``idmix::chunked_kernels_forward`` and ``idmix::chunked_kernels_backward``): every launch of
-the GPU training path, and nothing between the launches but one strided GEMM per segment
-(w̃ = Ĝ p; in the backward dp = dw̃ Ĝ, dĜ += dw̃ᵀ p) and three small sums.
+the GPU training path. The forward is four launches (decay tables, non-finite flags, chunk-start
+states, and the output with p and w̃ = Ĝ p on chip: kernels/chunk_output.py) for heads of up to
+64 features and modes; wider heads form p in pass 1, w̃ in one strided GEMM and o in pass 2.
+The backward recomputes p and w̃ that way; between its launches run only strided GEMMs
+(w̃ = Ĝ p, dp = dw̃ Ĝ, dĜ += dw̃ᵀ p) and three small sums.
 
 What the kernels take care of, so that no PyTorch op has to (docs/gpu.md, "The GPU path"):
 - q, k, v, o and their gradients stay in their (B, T, H, ·) layout and dtype: the kernels read
@@ -11,7 +14,7 @@ What the kernels take care of, so that no PyTorch op has to (docs/gpu.md, "The G
 - the decay tables come from (λ, β) in one launch and go back in one (kernels/decay_tables.py);
 - containment of non-finite inputs costs one parallel pass over q, k, v (kernels/nonfinite.py);
   the chunk kernels zero bad entries as they load them, the state scan finds the poisoned rows
-  as it walks the chunks, pass 2 writes them as NaN, the backward passes them no gradient;
+  as it walks the chunks, the output kernel writes them as NaN, the backward passes them no gradient;
 - a ragged last chunk (T % L) runs the main chunk's compiled kernels on slices of its tables
   (start[:T%L], end[L-T%L:], λ^{T%L} = start[T%L-1]), masked to its length.
 
@@ -79,20 +82,23 @@ def _with_G(p_heads, G, precision):
     return matmul(p_heads.view(H, -1, M2), G.mT, precision).view(p_heads.shape)
 
 
-def _states_and_p(kern, pv: _Views, q, k, v, G_hat, Z, last, contain, precision, BL):
-    """The forward up to w̃ on one piece (run again by the backward): chunk-start states (the
-    end state into last), p and w̃ = Ĝ p. Returns (states, p (H, B, n, L, 2M), w̃ as a
-    (B, H, n, L, 2M) view)."""
+def _states(kern, pv: _Views, k, v, Z, last, contain, precision, BL):
+    """One piece's chunk-start states (B, H, n, R+D, 2M) fp32, its end state written into last."""
+    return kern.chunk_states(
+        pv.chunks(k), pv.chunks(v), pv.dec.end, pv.dec.chunk, Z, last, pv.reset, precision,
+        contain, BL,
+    )  # fmt: skip
+
+
+def _p_and_w(kern, pv: _Views, q, k, st, G_hat, precision, BL):
+    """The backward's recompute of p and w̃ = Ĝ p on one piece: (p (H, B, n, L, 2M), w̃ as a
+    (B, H, n, L, 2M) view); the forward forms both on chip (kernels/chunk_output.py)."""
     H, B, M2 = q.shape[2], q.shape[0], G_hat.shape[-1]
-    kv, vv = pv.chunks(k), pv.chunks(v)
-    st = kern.chunk_states(
-        kv, vv, pv.dec.end, pv.dec.chunk, Z, last, pv.reset, precision, contain, BL
-    )
     p, p_bh = pv.per_head(H, B, M2, q)
     kern.intra_chunk_pass1(
-        pv.chunks(q), kv, st, pv.dec.start, pv.dec.end, p_bh, pv.reset, precision, BL
+        pv.chunks(q), pv.chunks(k), st, pv.dec.start, pv.dec.end, p_bh, pv.reset, precision, BL
     )
-    return st, p, _with_G(p, G_hat, precision).transpose(0, 1)
+    return p, _with_G(p, G_hat, precision).transpose(0, 1)
 
 
 @torch.library.custom_op("idmix::chunked_kernels_forward", mutates_args=())
@@ -125,6 +131,7 @@ def chunked_kernels_forward(
     bounds = q.new_empty(len(pieces) - 1, B, H, R + D, 2 * M, dtype=torch.float32)
     Z_end = q.new_empty(B, H, R + D, 2 * M, dtype=torch.float32)
     reset8, BL = _uint8(reset), kern.block(L)
+    fused = kern.fits_fused_output(R, D, M)
     Z = Z0
     for i, piece in enumerate(pieces):
         pv = _Views(piece, L, dec, reset8)
@@ -134,11 +141,19 @@ def chunked_kernels_forward(
             pv.positions(flags), pv.positions(poison), bad_init if i == 0 else carry[i],
             carry[i + 1], final,
         )  # fmt: skip
-        st, _, w_bh = _states_and_p(kern, pv, q, k, v, G_hat, Z, last, contain, precision, BL)
-        kern.intra_chunk_pass2(
-            w_bh, pv.chunks(v), st, pv.dec.start, pv.dec.end, R, pv.chunks(o), pv.reset,
-            pv.positions(poison), precision, BL,
-        )  # fmt: skip
+        st = _states(kern, pv, k, v, Z, last, contain, precision, BL)
+        ov, rows = pv.chunks(o), pv.positions(poison)
+        if fused:
+            kern.chunk_output(
+                pv.chunks(q), pv.chunks(k), pv.chunks(v), st, pv.dec.start, pv.dec.end, G_hat,
+                ov, pv.reset, rows, precision, BL,
+            )  # fmt: skip
+        else:
+            w_bh = _p_and_w(kern, pv, q, k, st, G_hat, precision, BL)[1]
+            kern.intra_chunk_pass2(
+                w_bh, pv.chunks(v), st, pv.dec.start, pv.dec.end, R, ov, pv.reset, rows,
+                precision, BL,
+            )  # fmt: skip
         Z = last
     return o, Z_end, bounds, poison, carry
 
@@ -194,7 +209,8 @@ def chunked_kernels_backward(
         final = i == len(pieces) - 1
         qv, kv, vv = pv.chunks(q), pv.chunks(k), pv.chunks(v)
         Zi = Z0 if i == 0 else bounds[i - 1]
-        st, p, w_bh = _states_and_p(kern, pv, q, k, v, G_hat, Zi, scratch, None, precision, BL)
+        st = _states(kern, pv, k, v, Zi, scratch, None, precision, BL)
+        p, w_bh = _p_and_w(kern, pv, q, k, st, G_hat, precision, BL)
         dw, dw_bh = pv.per_head(H, B, 2 * M, q)
         ge, ge_bh = pv.per_head(H, B, 2 * M, q)
         gs, gs_bh = pv.per_head(H, B, 2 * M, q)
