@@ -109,17 +109,27 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+# The fused output kernel's mode block on sm_90 (kernels/chunk_output.py's autotune space; the
+# interpreter runs the smallest block of every space, 8)
+OUTPUT_BM_SM90 = 16
+
+
 # Multiply-adds per program of each chunk kernel, from its integer arguments (L, R, D, M, N)
 # and its grid: the tile products as written in kernels/ (chunk_intra*.py, chunk_states.py).
 def _chunk_macs(name, a, programs):
     L, M2 = a.get("L", 0), 2 * a.get("M", 0)
     R, D = a.get("R", 0), a.get("D", 0)
+    blocks = -(-M2 // (2 * OUTPUT_BM_SM90))  # the fused output kernel's mode blocks
     per_chunk = {
         "_pass1_kernel": L * L * R + L * R * M2 + L * L * M2,
         "_pass2_kernel": L * M2 * L + L * L * D + L * M2 * D,
         # p's products run once per block of BM output modes
-        "_output_kernel": L * L * R + -(-M2 // max(1, 2 * a.get("BM", M2))) * (L * R * M2 + L * L * M2)
-        + L * M2 * M2 + L * L * M2 + L * M2 * D + L * L * D,
+        "_output_kernel": L * L * R
+        + blocks * (L * R * M2 + L * L * M2)
+        + L * M2 * M2
+        + L * L * M2
+        + L * M2 * D
+        + L * L * D,
         "_pass2_bwd_lag_kernel": 2 * L * D * L + 3 * L * L * M2,
         "_pass2_bwd_state_kernel": 2 * L * D * M2,
         "_pass1_bwd_lag_kernel": 3 * L * R * L + 2 * L * L * M2,

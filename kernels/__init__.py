@@ -7,9 +7,9 @@ set ``TRITON_INTERPRET=1`` before this package is imported.
 """
 
 from .chunk_input_grads import input_grads
-from .chunk_output import chunk_output, fits_fused_output
 from .chunk_intra import intra_chunk_pass1, intra_chunk_pass2
 from .chunk_intra_bwd import intra_chunk_pass1_backward, intra_chunk_pass2_backward
+from .chunk_output import chunk_output, fits_fused_output
 from .chunk_states import Containment, chunk_states, chunk_states_backward
 from .decay_tables import decay_tables, decay_tables_backward
 from .decode_step import decode_step_triton

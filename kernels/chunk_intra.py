@@ -58,6 +58,37 @@ _SPACE_P2 = Space(
 )
 
 
+@triton.jit
+def lagged_scores(q_base, k_base, reset_ptr, b, n, s_ql, s_kl, s_rb, s_rn, L, R,
+                  HAS_RESET: tl.constexpr, PREC: tl.constexpr, BL: tl.constexpr,
+                  BR: tl.constexpr):  # fmt: skip
+    """Pass 1's prologue on one chunk: (q (BL, BR) as a PREC operand, the scores q kᵀ sheared
+    to (t, j) lags, valid (BL,), same (BL, BL); the masks all true without resets). q and k
+    zeroed where non-finite."""
+    ll, rr = tl.arange(0, BL), tl.arange(0, BR)
+    q = operand(finite(load_tile(q_base, ll, rr, s_ql, 1, L, R)), PREC)
+    kT = operand(finite(load_tile(k_base, rr, ll, 1, s_kl, R, L)), PREC)
+    scores = mma(q, kT, None, PREC)  # (t, s)
+    if HAS_RESET:
+        valid, same = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
+        scores = tl.where(same, scores, 0.0)
+    else:
+        valid, same = ll >= 0, ll[:, None] >= 0
+    return q, shear_in(operand(scores, PREC), L, BL), valid, same
+
+
+@triton.jit
+def p_block(q, lagged, valid, st_base, dstart_base, dend_base, cc, ll, rr, s_sc, s_dl, L, R, M,
+            HAS_RESET: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """p's (BL, 2·BM) block at interleaved columns cc: λ^{t+1} ⊙ (Xᵏᵀ q_t) + lagged @ end."""
+    y = mma(q, load_tile(st_base, rr, cc, s_sc, 1, R, 2 * M), None, PREC)  # Xᵏᵀ q_t
+    if HAS_RESET:  # the chunk-start state reaches t only before a document start
+        y = tl.where(valid[:, None], y, 0.0)
+    start = load_tile(dstart_base, ll, cc, s_dl, 1, L, 2 * M)
+    end = load_tile(dend_base, ll, cc, s_dl, 1, L, 2 * M)
+    return mma(lagged, end, cmul(start, y, False), PREC)
+
+
 @triton.autotune(configs=_SPACE_P1.configs, key=_KEY_P1, prune_configs_by=_SPACE_P1.prune)
 @triton.jit(do_not_specialize=["N", "L"])
 def _pass1_kernel(
@@ -74,24 +105,16 @@ def _pass1_kernel(
 ):  # fmt: skip
     b, h, n = program_bhn(H, N)
     ll, rr = tl.arange(0, BL), tl.arange(0, BR)
-    q = finite(load_tile(q_ptr + b * s_qb + h * s_qh + n * s_qn, ll, rr, s_ql, 1, L, R))
-    kT = finite(load_tile(k_ptr + b * s_kb + h * s_kh + n * s_kn, rr, ll, 1, s_kl, R, L))
-    q, kT = operand(q, PREC), operand(kT, PREC)
-    scores = mma(q, kT, None, PREC)  # (t, s)
-    if HAS_RESET:
-        valid, same = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
-        scores = tl.where(same, scores, 0.0)
-    lagged = shear_in(operand(scores, PREC), L, BL)
+    q, lagged, valid, _ = lagged_scores(
+        q_ptr + b * s_qb + h * s_qh + n * s_qn, k_ptr + b * s_kb + h * s_kh + n * s_kn,
+        reset_ptr, b, n, s_ql, s_kl, s_rb, s_rn, L, R, HAS_RESET, PREC, BL, BR,
+    )  # fmt: skip
     st_base = st_ptr + b * s_sb + h * s_sh + n * s_sn
     p_base = p_ptr + b * s_pb + h * s_ph + n * s_pn
     for m0 in range(0, M, BM):
         cc = 2 * m0 + tl.arange(0, 2 * BM)  # interleaved columns of modes [m0, m0 + BM)
-        y = mma(q, load_tile(st_base, rr, cc, s_sc, 1, R, 2 * M), None, PREC)  # Xᵏᵀ q_t
-        if HAS_RESET:  # the chunk-start state reaches t only before a document start
-            y = tl.where(valid[:, None], y, 0.0)
-        start = load_tile(dstart_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M)
-        end = load_tile(dend_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M)
-        p = mma(lagged, end, cmul(start, y, False), PREC)
+        p = p_block(q, lagged, valid, st_base, dstart_ptr + h * s_dh, dend_ptr + h * s_dh, cc,
+                    ll, rr, s_sc, s_dl, L, R, M, HAS_RESET, PREC)  # fmt: skip
         store_tile(p_base, ll, cc, s_pl, 1, L, 2 * M, p)
 
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .chunk_intra import lagged_scores, p_block
 from .tiles import (
     PRECISION_CODES,
     Space,
     block,
     cmul,
-    doc_masks,
     finite,
     flags_strides,
     load_tile,
@@ -37,7 +37,6 @@ from .tiles import (
     operand,
     program_bhn,
     reset_args,
-    shear_in,
     shear_out,
     store_tile,
 )
@@ -55,18 +54,6 @@ def fits_fused_output(R: int, D: int, M: int) -> bool:
 # Keys: the chunk's block BL, never L, T or B (a ragged tail reuses the main chunk's kernel).
 _KEY = ["BL", "R", "D", "M", "HAS_RESET", "PREC"]
 _SPACE = Space(sm90=[(8, 16)], sm80=[(8, 8)])
-
-
-@triton.jit
-def _p_block(q, lagged, valid, st_base, dstart_base, dend_base, ci, ll, rr, s_sc, s_dl,
-             L, R, M, HAS_RESET: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """p's (BL, 2·BM) block at interleaved columns ci."""
-    y = mma(q, load_tile(st_base, rr, ci, s_sc, 1, R, 2 * M), None, PREC)  # Xᵏᵀ q_t
-    if HAS_RESET:  # the chunk-start state reaches t only before a document start
-        y = tl.where(valid[:, None], y, 0.0)
-    start = load_tile(dstart_base, ll, ci, s_dl, 1, L, 2 * M)
-    end = load_tile(dend_base, ll, ci, s_dl, 1, L, 2 * M)
-    return mma(lagged, end, cmul(start, y, False), PREC)
 
 
 @triton.autotune(configs=_SPACE.configs, key=_KEY, prune_configs_by=_SPACE.prune)
@@ -88,16 +75,10 @@ def _output_kernel(
 ):  # fmt: skip
     b, h, n = program_bhn(H, N)
     ll, rr, dd = tl.arange(0, BL), tl.arange(0, BR), tl.arange(0, BD)
-    q = finite(load_tile(q_ptr + b * s_qb + h * s_qh + n * s_qn, ll, rr, s_ql, 1, L, R))
-    kT = finite(load_tile(k_ptr + b * s_kb + h * s_kh + n * s_kn, rr, ll, 1, s_kl, R, L))
-    q, kT = operand(q, PREC), operand(kT, PREC)
-    scores = mma(q, kT, None, PREC)  # (t, s)
-    if HAS_RESET:
-        valid, same = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
-        scores = tl.where(same, scores, 0.0)
-    else:
-        valid = ll >= 0
-    lagged = shear_in(operand(scores, PREC), L, BL)
+    q, lagged, valid, same = lagged_scores(
+        q_ptr + b * s_qb + h * s_qh + n * s_qn, k_ptr + b * s_kb + h * s_kh + n * s_kn,
+        reset_ptr, b, n, s_ql, s_kl, s_rb, s_rn, L, R, HAS_RESET, PREC, BL, BR,
+    )  # fmt: skip
     st_base = st_ptr + b * s_sb + h * s_sh + n * s_sn
     dstart_base, dend_base, g_base = dstart_ptr + h * s_dh, dend_ptr + h * s_dh, g_ptr + h * s_gh
     by_lag = tl.zeros((BL, BL), dtype=tl.float32)
@@ -107,8 +88,8 @@ def _output_kernel(
         w = tl.zeros((BL, 2 * BM), dtype=tl.float32)
         for mi in range(0, M, BM):
             ci = 2 * mi + tl.arange(0, 2 * BM)
-            p = _p_block(q, lagged, valid, st_base, dstart_base, dend_base, ci, ll, rr, s_sc,
-                         s_dl, L, R, M, HAS_RESET, PREC)  # fmt: skip
+            p = p_block(q, lagged, valid, st_base, dstart_base, dend_base, ci, ll, rr, s_sc,
+                        s_dl, L, R, M, HAS_RESET, PREC)  # fmt: skip
             w = mma(p, load_tile(g_base, ci, co, s_gi, s_go, 2 * M, 2 * M), w, PREC)  # p Ĝᵀ
         end = load_tile(dend_base, ll, co, s_dl, 1, L, 2 * M)
         by_lag = mma(w, tl.trans(end), by_lag, PREC)

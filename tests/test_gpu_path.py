@@ -57,6 +57,15 @@ def test_the_forward_allocates_what_it_returns_and_saves(tmp_path):
     assert counted["allocated"]["forward"] <= 1536 * 16384 * 4
 
 
+def test_the_counted_mode_block_is_the_one_sm90_runs():
+    """launches.py prices the fused output kernel at its sm_90 block, not the interpreter's."""
+    import launches
+
+    from idmix_kernels.chunk_output import _SPACE
+
+    assert {bm for _, bm in _SPACE.sm90} == {launches.OUTPUT_BM_SM90}
+
+
 def test_resets_and_a_ragged_tail_add_no_glue(tmp_path):
     """Document starts and T % 64 != 0 (a tail piece on slices of the decay tables): the forward
     still runs only GEMMs between its launches; the backward adds the tail's three table

@@ -14,7 +14,8 @@ What the kernels take care of, so that no PyTorch op has to (docs/gpu.md, "The G
 - the decay tables come from (λ, β) in one launch and go back in one (kernels/decay_tables.py);
 - containment of non-finite inputs costs one parallel pass over q, k, v (kernels/nonfinite.py);
   the chunk kernels zero bad entries as they load them, the state scan finds the poisoned rows
-  as it walks the chunks, the output kernel writes them as NaN, the backward passes them no gradient;
+  as it walks the chunks, the output kernel writes them as NaN, the backward passes them no
+  gradient;
 - a ragged last chunk (T % L) runs the main chunk's compiled kernels on slices of its tables
   (start[:T%L], end[L-T%L:], λ^{T%L} = start[T%L-1]), masked to its length.
 
