@@ -131,6 +131,7 @@ def test_split_sequence_equals_one_process(world):
 
 def _fail_mid_exchange(rank, world, marker, how):
     p = problem(16, False, ())
+    dist.barrier()  # both ranks past the group's setup: the failure is the exchange's to meet
     if rank == 1 and how == "crash":
         os._exit(3)  # dies before its part of the state exchange
     if rank == 1:
