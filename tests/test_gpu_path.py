@@ -60,7 +60,6 @@ def test_the_forward_allocates_what_it_returns_and_saves(tmp_path):
 def test_the_counted_mode_block_is_the_one_sm90_runs():
     """launches.py prices the fused output kernel at its sm_90 block, not the interpreter's."""
     import launches
-
     from idmix_kernels.chunk_output import _SPACE
 
     assert {bm for _, bm in _SPACE.sm90} == {launches.OUTPUT_BM_SM90}
