@@ -63,7 +63,8 @@ def lagged_scores(q_base, k_base, reset_ptr, b, n, s_ql, s_kl, s_rb, s_rn, L, R,
                   HAS_RESET: tl.constexpr, PREC: tl.constexpr, BL: tl.constexpr,
                   BR: tl.constexpr):  # fmt: skip
     """Pass 1's prologue on one chunk: (q (BL, BR) as a PREC operand, the scores q kᵀ sheared
-    to (t, j) lags, valid (BL,), same (BL, BL); the masks all true without resets). q and k
+    to (t, j) lags, valid (BL,), same (BL, BL); without resets the masks are unused
+    placeholders). q and k
     zeroed where non-finite."""
     ll, rr = tl.arange(0, BL), tl.arange(0, BR)
     q = operand(finite(load_tile(q_base, ll, rr, s_ql, 1, L, R)), PREC)

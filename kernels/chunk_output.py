@@ -11,11 +11,12 @@ blocks of p's block times Ĝ's (BM, BM) tile, with p's block formed on chip wher
 with nb = M / BM blocks p is formed nb times (nb× pass 1's products), the price of holding
 (L, BM) tiles instead of (L, M). For the paper head only 8 warps with BM = 16 (sm_90) or BM = 8
 (sm_80) compile without spills (wider blocks and 4 warps spill), and only heads of at most 64
-features and modes (fits_fused_output): the op sends wider ones through pass 1, a GEMM and
-pass 2 (chunk_intra.py). Each w̃ block is consumed at once: its start-state part goes into o,
-its lag weights into the (t, j) tile, sheared once after the loop into the (t, s) weights that
-multiply v. Products at the PREC precision (tiles.mma); decays, states, accumulators fp32.
-Containment as in pass 2: inputs zeroed at load, the poisoned rows written as NaN.
+features and modes at chunks of at most 64 (fits_fused_output): the op sends the others
+through pass 1, a GEMM and pass 2 (chunk_intra.py). Each w̃ block is consumed at once: its
+start-state part goes into o, its lag weights into the (t, j) tile, sheared once after the loop
+into the (t, s) weights that multiply v. Products at the PREC precision (tiles.mma); decays,
+states and accumulators fp32. Containment as in pass 2: inputs zeroed at load, the poisoned
+rows written as NaN.
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ from .tiles import (
 )
 
 # Where the fused kernel holds its tiles without spilling (benchmarks/offline_compile.py, sm_90
-# and sm_80): features and modes up to 64; wider heads take pass 1, a GEMM and pass 2.
+# and sm_80): features, modes and chunk up to 64; others take pass 1, a GEMM and pass 2.
 MAX_FUSED = 64
 
 
-def fits_fused_output(R: int, D: int, M: int) -> bool:
-    """Whether chunk_output serves heads of R key, D value features and M modes."""
-    return max(block(R), block(D), block(M)) <= MAX_FUSED
+def fits_fused_output(R: int, D: int, M: int, L: int) -> bool:
+    """Whether chunk_output serves heads of R key, D value features and M modes at chunk L."""
+    return max(block(R), block(D), block(M), block(L)) <= MAX_FUSED
 
 
 # Keys: the chunk's block BL, never L, T or B (a ragged tail reuses the main chunk's kernel).

@@ -6,8 +6,8 @@ states the rule): the one pass that reads q, k and v only to look at them.
 parallel; nothing is serial along T. The rest happens where the chunk kernels run anyway: they
 zero non-finite entries as they load them (tiles.finite), the forward chunk-state scan turns the
 flags into the rows to poison as it walks the chunks (chunk_states._chunk_poison: a bad k or v
-poisons its document from there on), pass 2 writes those rows as NaN, and the backward zeroes
-their incoming gradient and the gradients of the non-finite entries.
+poisons its document from there on), the output kernel (or pass 2) writes those rows as NaN,
+and the backward zeroes their incoming gradient and the gradients of the non-finite entries.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The shared-decay chunked op on the Triton kernels, as torch custom ops
 (``idmix::chunked_kernels_forward`` and ``idmix::chunked_kernels_backward``): every launch of
-the GPU training path. The forward is four launches (decay tables, non-finite flags, chunk-start
-states, and the output with p and w̃ = Ĝ p on chip: kernels/chunk_output.py) for heads of up to
-64 features and modes; wider heads form p in pass 1, w̃ in one strided GEMM and o in pass 2.
+the GPU training path. The forward launches the decay tables and the non-finite flags once, then
+per segment the chunk-start states and the output with p and w̃ = Ĝ p on chip
+(kernels/chunk_output.py), for heads of up to 64 features and modes at chunks of up to 64;
+others form p in pass 1, w̃ in one strided GEMM and o in pass 2.
 The backward recomputes p and w̃ that way; between its launches run only strided GEMMs
 (w̃ = Ĝ p, dp = dw̃ Ĝ, dĜ += dw̃ᵀ p) and three small sums.
 
@@ -92,8 +93,9 @@ def _states(kern, pv: _Views, k, v, Z, last, contain, precision, BL):
 
 
 def _p_and_w(kern, pv: _Views, q, k, st, G_hat, precision, BL):
-    """The backward's recompute of p and w̃ = Ĝ p on one piece: (p (H, B, n, L, 2M), w̃ as a
-    (B, H, n, L, 2M) view); the forward forms both on chip (kernels/chunk_output.py)."""
+    """p and w̃ = Ĝ p on one piece by pass 1 and a GEMM (the backward's recompute, and the
+    forward where the fused output kernel does not fit): (p (H, B, n, L, 2M), w̃ as a
+    (B, H, n, L, 2M) view)."""
     H, B, M2 = q.shape[2], q.shape[0], G_hat.shape[-1]
     p, p_bh = pv.per_head(H, B, M2, q)
     kern.intra_chunk_pass1(
@@ -132,7 +134,7 @@ def chunked_kernels_forward(
     bounds = q.new_empty(len(pieces) - 1, B, H, R + D, 2 * M, dtype=torch.float32)
     Z_end = q.new_empty(B, H, R + D, 2 * M, dtype=torch.float32)
     reset8, BL = _uint8(reset), kern.block(L)
-    fused = kern.fits_fused_output(R, D, M)
+    fused = kern.fits_fused_output(R, D, M, L)
     Z = Z0
     for i, piece in enumerate(pieces):
         pv = _Views(piece, L, dec, reset8)
