@@ -59,22 +59,29 @@ _SPACE_P2 = Space(
 
 
 @triton.jit
+def chunk_masks(reset_ptr, b, n, s_rb, s_rn, L, HAS_RESET: tl.constexpr, BL: tl.constexpr):
+    """(valid (BL,), same (BL, BL)) of tiles.doc_masks; without resets, placeholders the
+    kernels never read (every use sits under HAS_RESET)."""
+    if HAS_RESET:
+        return doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
+    else:
+        ll = tl.arange(0, BL)
+        return ll >= 0, ll[:, None] >= 0
+
+
+@triton.jit
 def lagged_scores(q_base, k_base, reset_ptr, b, n, s_ql, s_kl, s_rb, s_rn, L, R,
                   HAS_RESET: tl.constexpr, PREC: tl.constexpr, BL: tl.constexpr,
                   BR: tl.constexpr):  # fmt: skip
     """Pass 1's prologue on one chunk: (q (BL, BR) as a PREC operand, the scores q kᵀ sheared
-    to (t, j) lags, valid (BL,), same (BL, BL); without resets the masks are unused
-    placeholders). q and k
-    zeroed where non-finite."""
+    to (t, j) lags, and chunk_masks' valid and same). q and k zeroed where non-finite."""
     ll, rr = tl.arange(0, BL), tl.arange(0, BR)
     q = operand(finite(load_tile(q_base, ll, rr, s_ql, 1, L, R)), PREC)
     kT = operand(finite(load_tile(k_base, rr, ll, 1, s_kl, R, L)), PREC)
     scores = mma(q, kT, None, PREC)  # (t, s)
+    valid, same = chunk_masks(reset_ptr, b, n, s_rb, s_rn, L, HAS_RESET, BL)
     if HAS_RESET:
-        valid, same = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
         scores = tl.where(same, scores, 0.0)
-    else:
-        valid, same = ll >= 0, ll[:, None] >= 0
     return q, shear_in(operand(scores, PREC), L, BL), valid, same
 
 
@@ -88,6 +95,38 @@ def p_block(q, lagged, valid, st_base, dstart_base, dend_base, cc, ll, rr, s_sc,
     start = load_tile(dstart_base, ll, cc, s_dl, 1, L, 2 * M)
     end = load_tile(dend_base, ll, cc, s_dl, 1, L, 2 * M)
     return mma(lagged, end, cmul(start, y, False), PREC)
+
+
+@triton.jit
+def start_part(w, o, dstart_base, xv_base, valid, cc, ll, dd, s_dl, s_sc, L, D, M,
+               HAS_RESET: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """o + Re(Xᵛᴴ u) for w̃'s (BL, 2·BM) block at columns cc, u = conj(λ^{t+1}) ⊙ w̃ (zero
+    from a document start on)."""
+    u = cmul(load_tile(dstart_base, ll, cc, s_dl, 1, L, 2 * M), w, True)
+    if HAS_RESET:
+        u = tl.where(valid[:, None], u, 0.0)
+    return mma(u, tl.trans(load_tile(xv_base, dd, cc, s_sc, 1, D, 2 * M)), o, PREC)
+
+
+@triton.jit
+def lag_part(by_lag, o, same, v_base, ll, dd, s_vl, L, D, HAS_RESET: tl.constexpr,
+             PREC: tl.constexpr, BL: tl.constexpr):  # fmt: skip
+    """o + mix v: mix the (t, s) weights sheared from the (t, j) lag weights by_lag, within one
+    document; v zeroed where non-finite."""
+    mix = shear_out(operand(by_lag, PREC), L, BL)
+    if HAS_RESET:
+        mix = tl.where(same, mix, tl.zeros_like(mix))
+    v = finite(load_tile(v_base, ll, dd, s_vl, 1, L, D))
+    return mma(mix, operand(v, PREC), o, PREC)
+
+
+@triton.jit
+def store_output(o, o_base, poison_base, ll, dd, s_ol, L, D, POISON: tl.constexpr):
+    """o stored, NaN on the rows containment poisons (a nonzero int8 at poison_base + t)."""
+    if POISON:
+        bad = tl.load(poison_base + ll, mask=ll < L, other=0)
+        o = tl.where((bad != 0)[:, None], float("nan"), o)
+    store_tile(o_base, ll, dd, s_ol, 1, L, D, o)
 
 
 @triton.autotune(configs=_SPACE_P1.configs, key=_KEY_P1, prune_configs_by=_SPACE_P1.prune)
@@ -136,8 +175,7 @@ def _pass2_kernel(
 ):  # fmt: skip
     b, h, n = program_bhn(H, N)
     ll, dd = tl.arange(0, BL), tl.arange(0, BD)
-    if HAS_RESET:
-        valid, same = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
+    valid, same = chunk_masks(reset_ptr, b, n, s_rb, s_rn, L, HAS_RESET, BL)
     w_base = w_ptr + b * s_wb + h * s_wh + n * s_wn
     # the (t, s) weights: mix = shear_out(Σ_m Re(conj(end[j]) w̃_t)), one pass over the modes
     by_lag = tl.zeros((BL, BL), dtype=tl.float32)
@@ -146,24 +184,17 @@ def _pass2_kernel(
         w = load_tile(w_base, ll, cc, s_wl, 1, L, 2 * M)
         end = load_tile(dend_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M)
         by_lag = mma(w, tl.trans(end), by_lag, PREC)
-    mix = shear_out(operand(by_lag, PREC), L, BL)
-    if HAS_RESET:
-        mix = tl.where(same, mix, tl.zeros_like(mix))
-    v = finite(load_tile(v_ptr + b * s_vb + h * s_vh + n * s_vn, ll, dd, s_vl, 1, L, D))
-    o = mma(mix, operand(v, PREC), None, PREC)
+    v_base = v_ptr + b * s_vb + h * s_vh + n * s_vn
+    o = lag_part(by_lag, None, same, v_base, ll, dd, s_vl, L, D, HAS_RESET, PREC, BL)
     # the chunk-start state's part, Re(Xᵛᴴ u) with u = conj(λ^{t+1}) ⊙ w̃, a second pass
     sv_base = st_ptr + b * s_sb + h * s_sh + n * s_sn + R * s_sc
     for m0 in range(0, M, BM):
         cc = 2 * m0 + tl.arange(0, 2 * BM)
         w = load_tile(w_base, ll, cc, s_wl, 1, L, 2 * M)
-        u = cmul(load_tile(dstart_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M), w, True)
-        if HAS_RESET:
-            u = tl.where(valid[:, None], u, 0.0)
-        o = mma(u, tl.trans(load_tile(sv_base, dd, cc, s_sc, 1, D, 2 * M)), o, PREC)
-    if POISON:  # containment: the rows a non-finite input reaches read NaN
-        bad = tl.load(poison_ptr + b * s_fb + h * s_fh + n * s_fn + ll, mask=ll < L, other=0)
-        o = tl.where((bad != 0)[:, None], float("nan"), o)
-    store_tile(o_ptr + b * s_ob + h * s_oh + n * s_on, ll, dd, s_ol, 1, L, D, o)
+        o = start_part(w, o, dstart_ptr + h * s_dh, sv_base, valid, cc, ll, dd, s_dl, s_sc,
+                       L, D, M, HAS_RESET, PREC)  # fmt: skip
+    store_output(o, o_ptr + b * s_ob + h * s_oh + n * s_on, poison_ptr + b * s_fb + h * s_fh
+                 + n * s_fn, ll, dd, s_ol, L, D, POISON)  # fmt: skip
 
 
 def intra_chunk_pass1(q, k, starts, d_start, d_end, p, reset=None, precision="ieee", BL=None):

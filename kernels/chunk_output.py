@@ -24,22 +24,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .chunk_intra import lagged_scores, p_block
+from .chunk_intra import lag_part, lagged_scores, p_block, start_part, store_output
 from .tiles import (
     PRECISION_CODES,
     Space,
     block,
-    cmul,
-    finite,
     flags_strides,
     load_tile,
     mma,
     on_device,
-    operand,
     program_bhn,
     reset_args,
-    shear_out,
-    store_tile,
 )
 
 # Where the fused kernel holds its tiles without spilling (benchmarks/offline_compile.py, sm_90
@@ -94,20 +89,12 @@ def _output_kernel(
             w = mma(p, load_tile(g_base, ci, co, s_gi, s_go, 2 * M, 2 * M), w, PREC)  # p Ĝᵀ
         end = load_tile(dend_base, ll, co, s_dl, 1, L, 2 * M)
         by_lag = mma(w, tl.trans(end), by_lag, PREC)
-        u = cmul(load_tile(dstart_base, ll, co, s_dl, 1, L, 2 * M), w, True)
-        if HAS_RESET:
-            u = tl.where(valid[:, None], u, 0.0)
-        xv = load_tile(st_base + R * s_sc, dd, co, s_sc, 1, D, 2 * M)
-        o = mma(u, tl.trans(xv), o, PREC)
-    mix = shear_out(operand(by_lag, PREC), L, BL)
-    if HAS_RESET:
-        mix = tl.where(same, mix, tl.zeros_like(mix))
-    v = finite(load_tile(v_ptr + b * s_vb + h * s_vh + n * s_vn, ll, dd, s_vl, 1, L, D))
-    o = mma(mix, operand(v, PREC), o, PREC)
-    if POISON:  # containment: the rows a non-finite input reaches read NaN
-        bad = tl.load(poison_ptr + b * s_fb + h * s_fh + n * s_fn + ll, mask=ll < L, other=0)
-        o = tl.where((bad != 0)[:, None], float("nan"), o)
-    store_tile(o_ptr + b * s_ob + h * s_oh + n * s_on, ll, dd, s_ol, 1, L, D, o)
+        o = start_part(w, o, dstart_base, st_base + R * s_sc, valid, co, ll, dd, s_dl, s_sc,
+                       L, D, M, HAS_RESET, PREC)  # fmt: skip
+    v_base = v_ptr + b * s_vb + h * s_vh + n * s_vn
+    o = lag_part(by_lag, o, same, v_base, ll, dd, s_vl, L, D, HAS_RESET, PREC, BL)
+    store_output(o, o_ptr + b * s_ob + h * s_oh + n * s_on, poison_ptr + b * s_fb + h * s_fh
+                 + n * s_fn, ll, dd, s_ol, L, D, POISON)  # fmt: skip
 
 
 def chunk_output(
