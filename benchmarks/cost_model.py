@@ -73,6 +73,14 @@ def count_all(checkout: Path) -> dict:
     return {str(T): count(checkout, row[0], T) for T, row in MEASURED.items()}
 
 
+def scan_steps(ints: dict) -> int:
+    """The steps one program of a chunk-state scan walks in sequence: its run of chunks, and in
+    the second launch of a split scan the split ends before it (kernels/scan_splits.py)."""
+    splits = ints.get("SPLITS", 1)
+    per_split = ints.get("NS", ints["N"])
+    return per_split + (splits - 1 if ints.get("PHASE") == 2 else 0)
+
+
 def launch_seconds(x: dict, p, precision: str) -> float:
     e_tc, e_tri, e_torch, e_gemm, t_chunk, t_cummax, t_launch = p
     if x["kind"] == "torch":
@@ -85,7 +93,7 @@ def launch_seconds(x: dict, p, precision: str) -> float:
     elif x["name"] in SCANS:
         programs = math.prod(x["grid"])
         waves = math.ceil(programs / (SMS * RESIDENT))
-        t = max(waves * x["ints"]["N"] * t_chunk * 1e-6, x["nbytes"] / (HBM * e_tri))
+        t = max(waves * scan_steps(x["ints"]) * t_chunk * 1e-6, x["nbytes"] / (HBM * e_tri))
     else:
         t = max(2 * x["macs"] / (PEAK[precision] * e_tc), x["nbytes"] / (HBM * e_tri))
     return x["n"] * (t + t_launch * 1e-6)

@@ -109,6 +109,9 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+# The SMs of an H100 or H200 SXM, which the chunk-state scans split T to fill
+# (kernels/scan_splits.py)
+SMS = 132
 # The fused output kernel's mode block on sm_90 (kernels/chunk_output.py's autotune space; the
 # interpreter runs the smallest block of every space, 8)
 OUTPUT_BM_SM90 = 16
@@ -137,15 +140,25 @@ def _chunk_macs(name, a, programs):
     }
     if name in per_chunk:
         return per_chunk[name] * programs
-    if name == "_states_fwd_kernel":  # one program per (b, h, channel block, mode block)
-        return a["N"] * a["C"] * L * M2 * programs // (a.get("_cblocks", 1) * a.get("_mblocks", 1))
+    if name == "_states_fwd_kernel":  # one program per (b, h, split, channel, mode block)
+        rows = programs // (a.get("_cblocks", 1) * a.get("_mblocks", 1) * a.get("SPLITS", 1))
+        return a["N"] * a["C"] * L * M2 * rows
     return 0
 
 
-def _traffic(args, tokens: int) -> int:
+# What a split scan's first launch (PHASE 1: the split ends) leaves alone
+_SPLIT_ENDS_SKIP = {"st_ptr", "poison_ptr", "ginc_ptr"}
+
+
+def _traffic(named: dict, tokens: int) -> int:
     """HBM bytes of a Triton launch: every tensor argument with at least one value per
     token·head is read or written once; per-head tables (decays, Ĝ) stay in L2."""
-    return sum(_nbytes(t) for t in args if isinstance(t, torch.Tensor) and t.numel() >= tokens)
+    skip = _SPLIT_ENDS_SKIP if named.get("PHASE") == 1 else set()
+    return sum(
+        _nbytes(t)
+        for k, t in named.items()
+        if isinstance(t, torch.Tensor) and t.numel() >= tokens and k not in skip
+    )
 
 
 @contextlib.contextmanager
@@ -173,7 +186,7 @@ def gpu_route(launches: list[Launch], tokens: int):
         name = self.fn.__name__
         launches.append(
             Launch(
-                "triton", name, g, _traffic(args, tokens), _chunk_macs(name, ints, programs), ints
+                "triton", name, g, _traffic(named, tokens), _chunk_macs(name, ints, programs), ints
             )
         )
 
@@ -188,6 +201,9 @@ def gpu_route(launches: list[Launch], tokens: int):
 
     patches = [(torch, "autocast", meta_autocast), (InterpretedFunction, "run", record)]
     patches += [(nonfinite, "check_values", lambda x: False)]
+    with contextlib.suppress(ImportError):  # code before the split scans has none
+        splits = importlib.import_module("idmix_kernels.scan_splits")
+        patches += [(splits, "target_programs", lambda device: SMS)]
     patches += [(validation, "check_values", lambda x: False)]
     for name in ("chunked_op", "chunked_kernels"):  # whichever the checked-out code has
         try:

@@ -35,6 +35,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -250,9 +251,18 @@ def chunked_case(T, H, R, D, M, L, reset: bool, precision: str, B=1, dtype=torch
     """The chunked op's forward and backward on the Triton kernels (the custom ops
     ``idmix::chunked_kernels_forward`` and ``idmix::chunked_kernels_backward``, every launch of
     the GPU training path), at one shape, with q, k, v in dtype (bf16: what a bf16 model hands
-    the op)."""
+    the op). T gets a ragged tail of L/2: the main chunks' scans are split along T (both
+    launches, kernels/scan_splits.py), the tail's are not."""
+    import idmix_kernels.scan_splits as splits
+
     from idmix.functional.interdomain import chunked_kernels as op
 
+    T += L // 2
+    with mock.patch.object(splits, "OFF_GPU_TARGET_PROGRAMS", 2**30):
+        _chunked_calls(op, T, H, R, D, M, L, reset, precision, B, dtype)
+
+
+def _chunked_calls(op, T, H, R, D, M, L, reset, precision, B, dtype):
     q, k = torch.empty(B, T, H, R, dtype=dtype), torch.empty(B, T, H, R, dtype=dtype)
     v = torch.empty(B, T, H, D, dtype=dtype)
     lam = torch.full((H, M, 2), 0.5)

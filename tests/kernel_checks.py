@@ -5,6 +5,7 @@ on failure."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import traceback
@@ -135,41 +136,56 @@ def check_chunked(device: str, cases=None) -> None:
     """The chunked op on the Triton kernels (inter-chunk scan and both intra-chunk passes)
     equals it on PyTorch and the per-step reference: outputs, final states and every gradient;
     ragged T, T = 1, odd dims, sequence starts (a length-1 sequence too), large Δ, fp16 inputs,
-    both readouts, several segments."""
+    both readouts, several segments, the chunk-state scans split along T."""
     from idmix.functional import interdomain_attention
     from idmix.functional.interdomain import chunked
 
     chunked.SEGMENT_TOKENS = 32 if device == "cpu" else 512
     if cases is None:
         cases = CHUNKED_CASES + (GPU_CHUNKED_CASES if device == "cuda" else [])
+    with split_scans():
+        try:
+            for B, T, H, R, D, M, L, dt, starts, readout, dtype in cases:
+                p = make_problem(B=B, T=T, H=H, R=R, D=D, M=M, dtype=torch.float32, dt_range=dt)
+                for n in ("q", "k", "v"):  # the op takes them in this dtype, computes in fp32
+                    p[n] = p[n].to(dtype)
+                tol = 1e-5 if dtype == torch.float32 else 4e-3  # o and the grads come back in dtype
+                reset = torch.zeros(B, T, dtype=torch.bool, device=device)
+                for row, pos in starts.items():
+                    reset[row, pos] = True
+                case = f"{(B, T, H, R, D, M, L, dt, readout, dtype)}"
+                tri = run_chunked(p, device, "triton", reset, readout, L)
+                ref = run_chunked(p, device, "torch", reset, readout, L)
+                for i, (a, b) in enumerate(zip(tri, ref, strict=True)):
+                    assert_rel(a, b, tol, f"triton vs torch {case} tensor {i}")
+                naive = interdomain_attention(
+                    *(p[n].to(device) for n in ("q", "k", "v", "lam", "beta", "C")),
+                    initial_state=tuple(s.to(device) for s in p["initial_state"]),
+                    reset=reset,
+                    readout=readout,
+                    impl="naive",
+                )
+                # an independent reference at every T: the literal recurrence, compared on up to 256
+                # sampled positions (all of them when T is small)
+                g = torch.Generator().manual_seed(T)
+                at = torch.randperm(T, generator=g)[:256].to(device)
+                assert_rel(tri[0][:, at], naive[:, at], max(tol, 1e-4), f"triton vs naive {case}")
+        finally:
+            chunked.SEGMENT_TOKENS = 512
+
+
+@contextlib.contextmanager
+def split_scans():
+    """The chunk-state scans split along T (kernels/scan_splits.py) wherever a segment has four
+    chunks or more, also off a GPU (where a scan is otherwise one run per row)."""
+    import idmix_kernels.scan_splits as splits
+
+    saved = splits.OFF_GPU_TARGET_PROGRAMS
+    splits.OFF_GPU_TARGET_PROGRAMS = 2**30
     try:
-        for B, T, H, R, D, M, L, dt, starts, readout, dtype in cases:
-            p = make_problem(B=B, T=T, H=H, R=R, D=D, M=M, dtype=torch.float32, dt_range=dt)
-            for n in ("q", "k", "v"):  # the op takes them in this dtype, computes in fp32
-                p[n] = p[n].to(dtype)
-            tol = 1e-5 if dtype == torch.float32 else 4e-3  # o and the grads come back in dtype
-            reset = torch.zeros(B, T, dtype=torch.bool, device=device)
-            for row, pos in starts.items():
-                reset[row, pos] = True
-            case = f"{(B, T, H, R, D, M, L, dt, readout, dtype)}"
-            tri = run_chunked(p, device, "triton", reset, readout, L)
-            ref = run_chunked(p, device, "torch", reset, readout, L)
-            for i, (a, b) in enumerate(zip(tri, ref, strict=True)):
-                assert_rel(a, b, tol, f"triton vs torch {case} tensor {i}")
-            naive = interdomain_attention(
-                *(p[n].to(device) for n in ("q", "k", "v", "lam", "beta", "C")),
-                initial_state=tuple(s.to(device) for s in p["initial_state"]),
-                reset=reset,
-                readout=readout,
-                impl="naive",
-            )
-            # an independent reference at every T: the literal recurrence, compared on up to 256
-            # sampled positions (all of them when T is small)
-            g = torch.Generator().manual_seed(T)
-            at = torch.randperm(T, generator=g)[:256].to(device)
-            assert_rel(tri[0][:, at], naive[:, at], max(tol, 1e-4), f"triton vs naive {case}")
+        yield
     finally:
-        chunked.SEGMENT_TOKENS = 512
+        splits.OFF_GPU_TARGET_PROGRAMS = saved
 
 
 def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
@@ -252,48 +268,57 @@ def check_nonfinite(device: str) -> None:
     exactly what the torch backend's does, over several segments and a ragged tail: the same
     NaN outputs (a bad k or v from its position to the end of its document, a bad q at its
     position only, a bad initial state until the first start) and final states; every other
-    output, state and gradient equal and finite."""
-    from idmix.functional import interdomain_attention
+    output, state and gradient equal and finite. Twice: segments of one chunk, and one segment
+    of ten chunks of 2 with the chunk-state scans split along T (three runs)."""
     from idmix.functional.interdomain import chunked
 
-    B, T, H = 2, 21, 2
+    B, T = 2, 21
     reset = torch.zeros(B, T, dtype=torch.bool, device=device)
     reset[0, [0, 6, 14]] = True
-    chunked.SEGMENT_TOKENS = 8
-    try:
-        for what, entries, bad_init in NONFINITE_CASES:
-            p = make_problem(B=B, T=T, H=H, R=3, D=4, M=5, dtype=torch.float32)
-            for name, index, value in entries:
-                p[name][index] = value
-            if bad_init is not None:
-                p["initial_state"][0][bad_init[0], bad_init[1], 0, 0] = float("nan")
-            outs = {}
-            for backend in ("triton", "torch"):
-                leaves = [p[n].to(device).requires_grad_() for n in ("q", "k", "v")]
-                init = tuple(s.to(device).requires_grad_() for s in p["initial_state"])
-                o, (xk, xv) = interdomain_attention(
-                    *leaves, *(p[n].to(device) for n in ("lam", "beta", "C")),
-                    initial_state=init, reset=reset, return_final_state=True, chunk_size=8,
-                    backend=backend, precision="ieee",
-                )  # fmt: skip
-                loss = sum(torch.where(torch.isfinite(x), x, 0).abs().sum() for x in (o, xk, xv))
-                grads = torch.autograd.grad(loss, [*leaves, *init])
-                outs[backend] = (o.detach(), xk.detach(), xv.detach(), *grads)
-            for i, (a, b) in enumerate(zip(outs["triton"], outs["torch"], strict=True)):
-                same = torch.isfinite(a) == torch.isfinite(b)
-                assert bool(same.all()), f"{what}: tensor {i} poisoned elsewhere than on torch"
-                if i >= 3:
-                    assert bool(torch.isfinite(a).all()), f"{what}: non-finite gradient {i}"
-                keep = torch.isfinite(b)
-                assert_rel(a[keep], b[keep], 1e-5, f"{what}: triton vs torch tensor {i}")
-            assert not torch.isfinite(outs["triton"][0]).all(), f"{what}: nothing poisoned"
-            if what == "NaN in k":  # exactly that head, from t = 9 to its document's end (14)
-                hit = ~torch.isfinite(outs["triton"][0]).all(-1)
-                expected = torch.zeros(B, T, H, dtype=torch.bool, device=device)
-                expected[0, 9:14, 1] = True
-                assert torch.equal(hit, expected), "triton: a NaN escaped its document"
-    finally:
-        chunked.SEGMENT_TOKENS = 512
+    for segment, L, scans in ((8, 8, contextlib.nullcontext), (512, 2, split_scans)):
+        chunked.SEGMENT_TOKENS = segment
+        try:
+            with scans():
+                _check_nonfinite_cases(device, reset, L)
+        finally:
+            chunked.SEGMENT_TOKENS = 512
+
+
+def _check_nonfinite_cases(device: str, reset, L: int) -> None:
+    from idmix.functional import interdomain_attention
+
+    B, T, H = reset.shape[0], reset.shape[1], 2
+    for what, entries, bad_init in NONFINITE_CASES:
+        p = make_problem(B=B, T=T, H=H, R=3, D=4, M=5, dtype=torch.float32)
+        for name, index, value in entries:
+            p[name][index] = value
+        if bad_init is not None:
+            p["initial_state"][0][bad_init[0], bad_init[1], 0, 0] = float("nan")
+        outs = {}
+        for backend in ("triton", "torch"):
+            leaves = [p[n].to(device).requires_grad_() for n in ("q", "k", "v")]
+            init = tuple(s.to(device).requires_grad_() for s in p["initial_state"])
+            o, (xk, xv) = interdomain_attention(
+                *leaves, *(p[n].to(device) for n in ("lam", "beta", "C")),
+                initial_state=init, reset=reset, return_final_state=True, chunk_size=L,
+                backend=backend, precision="ieee",
+            )  # fmt: skip
+            loss = sum(torch.where(torch.isfinite(x), x, 0).abs().sum() for x in (o, xk, xv))
+            grads = torch.autograd.grad(loss, [*leaves, *init])
+            outs[backend] = (o.detach(), xk.detach(), xv.detach(), *grads)
+        for i, (a, b) in enumerate(zip(outs["triton"], outs["torch"], strict=True)):
+            same = torch.isfinite(a) == torch.isfinite(b)
+            assert bool(same.all()), f"{what}: tensor {i} poisoned elsewhere than on torch"
+            if i >= 3:
+                assert bool(torch.isfinite(a).all()), f"{what}: non-finite gradient {i}"
+            keep = torch.isfinite(b)
+            assert_rel(a[keep], b[keep], 1e-5, f"{what}: triton vs torch tensor {i}")
+        assert not torch.isfinite(outs["triton"][0]).all(), f"{what}: nothing poisoned"
+        if what == "NaN in k":  # exactly that head, from t = 9 to its document's end (14)
+            hit = ~torch.isfinite(outs["triton"][0]).all(-1)
+            expected = torch.zeros(B, T, H, dtype=torch.bool, device=device)
+            expected[0, 9:14, 1] = True
+            assert torch.equal(hit, expected), "triton: a NaN escaped its document"
 
 
 def check_varlen(device: str) -> None:
