@@ -45,14 +45,27 @@ def test_one_forward_backward_is_its_kernels_and_a_few_gemms(tmp_path):
     assert set(fwd) <= GEMMS and set(bwd) <= GEMMS | {"sum"}
     assert bwd.count("sum") == 3
     triton = [r["name"] for r in counted["forward"] if r["kind"] == "triton"]
-    assert triton == ["_tables_fwd_kernel", "_flags_kernel", "_states_fwd_kernel", "_output_kernel"]
+    scan = ["_states_fwd_kernel"] * 2  # split along T: 16 programs (kernels/scan_splits.py)
+    assert triton == ["_tables_fwd_kernel", "_flags_kernel", *scan, "_output_kernel"]
     assert fwd == []  # p and w̃ stay on chip: no Ĝ GEMM between the forward's launches
+
+
+def test_only_scans_with_few_programs_are_split(tmp_path):
+    """At B = 1, T = 16K, H = 4 every scan has fewer programs than half an H100's SMs and is split
+    in two launches (split ends, then each run); at B = 64 none is."""
+    for B, launches_per_scan in ((1, 2), (64, 1)):
+        counted = launches(tmp_path, "--B", str(B), "--T", "1024" if B > 1 else "16384", "--H", "4")
+        for part, scans in (("forward", 1), ("backward", 2)):
+            names = [r["name"] for r in counted[part] for _ in range(r["n"])]
+            n = sum(name.startswith("_states_") for name in names)
+            assert n == scans * launches_per_scan, (B, part, names)
 
 
 def test_the_forward_allocates_what_it_returns_and_saves(tmp_path):
     """Issue 51's bar for the forward, at B = 1, T = 16K, H = 4, bf16: at most 1.5 KB allocated
-    per token·head (measured 1162 B: the fp32 chunk-start states, 1 KB, o and the containment
-    flags; p and w̃, 1 KB more in fp32, no longer leave the chip)."""
+    per token·head (measured 1227 B: the fp32 chunk-start states, 1 KB, o, the containment
+    flags and the split scan's run ends; p and w̃, 1 KB more in fp32, no longer leave the
+    chip)."""
     counted = launches(tmp_path, "--B", "1", "--T", "16384", "--H", "4")
     assert counted["allocated"]["forward"] <= 1536 * 16384 * 4
 
