@@ -2,13 +2,14 @@
 chunk). Each recomputes what it needs of its pass from the chunk-start states and writes the
 gradients of its inputs; the decay gradients come out per program, accumulated across the four
 kernels into two buffers (summed over batch and chunks outside). Between the two passes,
-dp = dw̃ Ĝ and dĜ are batched GEMMs over heads in PyTorch. q, k, v and do are read by stride
-from their (B, T, H, ·) layout (non-finite q, k, v entries zeroed, do's poisoned rows zeroed:
-containment); dq is written there in its dtype, zero where q was not finite; the intra-chunk
-parts of dk and dv go to fp32 buffers that chunk_input_grads.py completes.
+dĜ += dw̃ᵀ p is a batched GEMM over heads in PyTorch; dp = dw̃ Ĝ is formed on chip by the pass
+1 kernels, block by block. q, k, v and do are read by stride from their (B, T, H, ·) layout
+(non-finite q, k, v entries zeroed, do's poisoned rows zeroed: containment); dq is written
+there in its dtype, zero where q was not finite; the intra-chunk parts of dk and dv go to fp32
+buffers that chunk_input_grads.py completes.
 
 pass 2 backward (given do, w̃):  dv, dXᵛ, dw̃ and the partial dλ^{i+1}, d(βλ^{L-1-j})
-pass 1 backward (given dp):     dq, dk, dXᵏ and the partial dλ^{i+1}, d(βλ^{L-1-j})
+pass 1 backward (given dw̃):     dq, dk, dXᵏ and the partial dλ^{i+1}, d(βλ^{L-1-j})
 
 Each pass is two kernels, run in turn: the lag part (the (L, L) weights by lag and the
 gradients through them) and the chunk-start part (the products with the start state). Split,
@@ -78,6 +79,19 @@ def _poisoned(poison_ptr, b, h, n, s_fb, s_fh, s_fn, L, BL: tl.constexpr, POISON
         return bad != 0
     else:
         return ll < 0
+
+
+@triton.jit
+def _dp_block(dw_base, g_base, co, ll, s_wl, s_gr, s_gc, L, M, PREC: tl.constexpr,
+              BM: tl.constexpr):  # fmt: skip
+    """dp's (BL, 2·BM) block at interleaved columns co: Σ over input mode blocks of dw̃'s block
+    times Ĝ's (2·BM, 2·BM) tile (dp = dw̃ Ĝ, formed where it is used, never stored)."""
+    dp = tl.zeros((ll.shape[0], 2 * BM), dtype=tl.float32)
+    for mi in range(0, M, BM):
+        ci = 2 * mi + tl.arange(0, 2 * BM)
+        dw = load_tile(dw_base, ll, ci, s_wl, 1, L, 2 * M)
+        dp = mma(dw, load_tile(g_base, ci, co, s_gr, s_gc, 2 * M, 2 * M), dp, PREC)
+    return dp
 
 
 @triton.autotune(configs=_LAG2.configs, key=_KEY_P2, prune_configs_by=_LAG2.prune)
@@ -193,9 +207,10 @@ def _pass2_bwd_state_kernel(
 )
 @triton.jit(do_not_specialize=["N", "L"])
 def _pass1_bwd_lag_kernel(
-    dp_ptr, q_ptr, k_ptr, dend_ptr, reset_ptr, dq_ptr, dk_ptr, gend_ptr,
+    dw_ptr, g_ptr, q_ptr, k_ptr, dend_ptr, reset_ptr, dq_ptr, dk_ptr, gend_ptr,
     H, N, L, R, M,
     s_pb, s_ph, s_pn, s_pl,
+    s_gh, s_gr, s_gc,
     s_qb, s_qh, s_qn, s_ql,
     s_kb, s_kh, s_kn, s_kl,
     s_dh, s_dl,
@@ -206,8 +221,9 @@ def _pass1_bwd_lag_kernel(
     BL: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     """d_scores = shear_out(dp endᵀ); dq = d_scores k (the lag part, to the fp32 buffer);
-    dkᵀ = qᵀ d_scores; the end partial += laggedᵀ dp with lagged = shear_in(q kᵀ) (recomputed).
-    q and k are walked in blocks of BK features (see _pass2_bwd_lag_kernel)."""
+    dkᵀ = qᵀ d_scores; the end partial += laggedᵀ dp with lagged = shear_in(q kᵀ) (recomputed)
+    and dp = dw̃ Ĝ formed block by block (_dp_block). q and k are walked in blocks of BK
+    features (see _pass2_bwd_lag_kernel)."""
     b, h, n = program_bhn(H, N)
     ll = tl.arange(0, BL)
     q_base = q_ptr + b * s_qb + h * s_qh + n * s_qn
@@ -222,12 +238,12 @@ def _pass1_bwd_lag_kernel(
         _, same = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
         scores = tl.where(same, scores, 0.0)
     lagged = shear_in(operand(scores, PREC), L, BL)
-    dp_base = dp_ptr + b * s_pb + h * s_ph + n * s_pn
+    dw_base = dw_ptr + b * s_pb + h * s_ph + n * s_pn
     ge_base = gend_ptr + b * s_pb + h * s_ph + n * s_pn
     by_lag = tl.zeros((BL, BL), dtype=tl.float32)  # (t, j): Σ_m Re(conj(end[j]) dp_t)
     for m0 in range(0, M, BM):
         cc = 2 * m0 + tl.arange(0, 2 * BM)
-        dp = load_tile(dp_base, ll, cc, s_pl, 1, L, 2 * M)
+        dp = _dp_block(dw_base, g_ptr + h * s_gh, cc, ll, s_pl, s_gr, s_gc, L, M, PREC, BM)
         end = load_tile(dend_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M)
         by_lag = mma(dp, tl.trans(end), by_lag, PREC)
         ge = load_tile(ge_base, ll, cc, s_pl, 1, L, 2 * M)
@@ -253,9 +269,10 @@ def _pass1_bwd_lag_kernel(
 )  # fmt: skip
 @triton.jit(do_not_specialize=["N", "L"])
 def _pass1_bwd_state_kernel(
-    dp_ptr, q_ptr, st_ptr, dstart_ptr, reset_ptr, dqin_ptr, dq_ptr, dxk_ptr, gstart_ptr,
+    dw_ptr, g_ptr, q_ptr, st_ptr, dstart_ptr, reset_ptr, dqin_ptr, dq_ptr, dxk_ptr, gstart_ptr,
     H, N, L, R, M,
     s_pb, s_ph, s_pn, s_pl,
+    s_gh, s_gr, s_gc,
     s_qb, s_qh, s_qn, s_ql,
     s_sb, s_sh, s_sn, s_sc,
     s_dh, s_dl,
@@ -266,8 +283,9 @@ def _pass1_bwd_state_kernel(
     HAS_RESET: tl.constexpr, PREC: tl.constexpr,
     BL: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
-    """y = q Xᵏ, dy = conj(λ^{t+1}) ⊙ dp; dq = (the lag part) + dy Xᵏᵀ, written in q's layout
-    and dtype (zero where q was not finite); dXᵏ = qᵀ dy; the start partial += conj(y) ⊙ dp.
+    """y = q Xᵏ, dy = conj(λ^{t+1}) ⊙ dp (dp = dw̃ Ĝ formed block by block); dq = (the lag
+    part) + dy Xᵏᵀ, written in q's layout and dtype (zero where q was not finite); dXᵏ = qᵀ dy;
+    the start partial += conj(y) ⊙ dp.
     The features are walked in blocks of BK, each holding its block of dq through the pass over
     the modes (the first block also forms y, over every feature block)."""
     b, h, n = program_bhn(H, N)
@@ -275,7 +293,7 @@ def _pass1_bwd_state_kernel(
     if HAS_RESET:
         valid, _ = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
     q_base = q_ptr + b * s_qb + h * s_qh + n * s_qn
-    dp_base = dp_ptr + b * s_pb + h * s_ph + n * s_pn
+    dw_base = dw_ptr + b * s_pb + h * s_ph + n * s_pn
     sk_base = st_ptr + b * s_sb + h * s_sh + n * s_sn
     dxk_base = dxk_ptr + b * s_xb + h * s_xh + n * s_xn
     gs_base = gstart_ptr + b * s_pb + h * s_ph + n * s_pn
@@ -286,7 +304,7 @@ def _pass1_bwd_state_kernel(
         dq = load_tile(dqin_ptr + b * s_ib + h * s_ih + n * s_in, ll, rk, s_il, 1, L, R)
         for m0 in range(0, M, BM):
             cc = 2 * m0 + tl.arange(0, 2 * BM)
-            dp = load_tile(dp_base, ll, cc, s_pl, 1, L, 2 * M)
+            dp = _dp_block(dw_base, g_ptr + h * s_gh, cc, ll, s_pl, s_gr, s_gc, L, M, PREC, BM)
             dy = cmul(load_tile(dstart_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M), dp, True)
             if HAS_RESET:
                 dy = tl.where(valid[:, None], dy, 0.0)
@@ -341,29 +359,31 @@ def intra_chunk_pass2_backward(
 
 
 def intra_chunk_pass1_backward(
-    dp, q, k, starts, d_start, d_end, dq_lag, dkT, dxk, g_end, g_start, dq,
+    dw, G_hat, q, k, starts, d_start, d_end, dq_lag, dkT, dxk, g_end, g_start, dq,
     reset=None, precision="ieee", BL=None,
 ):  # fmt: skip
-    """dp: (B, H, n, L, 2M) gradient of p (g_end and g_start share its shape and strides and
-    are added into); q, k: chunk views of the (B, T, H, R) inputs; other arguments as in
-    intra_chunk_pass1. Writes dq_lag (B, H, n, L, R) fp32 (scratch), dkT (B, H, n, R, L) fp32
-    (the intra-chunk part of dk), dxk (B, H, n, R, 2M) fp32 and dq, the chunk view of the
-    (B, T, H, R) gradient in its dtype."""
+    """dw: (B, H, n, L, 2M) gradient of w̃ (g_end and g_start share its shape and strides and
+    are added into); G_hat: (H, 2M, 2M), dp = dw̃ Ĝ formed on chip; q, k: chunk views of the
+    (B, T, H, R) inputs; other arguments as in intra_chunk_pass1. Writes dq_lag (B, H, n, L, R)
+    fp32 (scratch), dkT (B, H, n, R, L) fp32 (the intra-chunk part of dk), dxk (B, H, n, R, 2M)
+    fp32 and dq, the chunk view of the (B, T, H, R) gradient in its dtype."""
     B, H, N, L, R = q.shape
-    twoM = dp.shape[-1]
+    twoM = dw.shape[-1]
     r, s_rb, s_rn, has_reset = reset_args(reset, q)
     meta = dict(HAS_RESET=has_reset, PREC=PRECISION_CODES[precision], BL=BL or block(L))
     with on_device(q):
         _pass1_bwd_lag_kernel[(B * H * N,)](
-            dp, q, k, d_end, r, dq_lag, dkT, g_end,
+            dw, G_hat, q, k, d_end, r, dq_lag, dkT, g_end,
             H, N, L, R, twoM // 2,
-            *dp.stride()[:4], *q.stride()[:4], *k.stride()[:4], *d_end.stride()[:2],
+            *dw.stride()[:4], *G_hat.stride(), *q.stride()[:4], *k.stride()[:4],
+            *d_end.stride()[:2],
             s_rb, s_rn, *dq_lag.stride()[:4], *dkT.stride()[:4], **meta, BK=min(block(R), 32),
         )  # fmt: skip
         _pass1_bwd_state_kernel[(B * H * N,)](
-            dp, q, starts, d_start, r, dq_lag, dq, dxk, g_start,
+            dw, G_hat, q, starts, d_start, r, dq_lag, dq, dxk, g_start,
             H, N, L, R, twoM // 2,
-            *dp.stride()[:4], *q.stride()[:4], *starts.stride()[:4], *d_start.stride()[:2],
+            *dw.stride()[:4], *G_hat.stride(), *q.stride()[:4], *starts.stride()[:4],
+            *d_start.stride()[:2],
             s_rb, s_rn, *dxk.stride()[:4], *dq_lag.stride()[:4], *dq.stride()[:4], **meta,
             BK=min(block(R), 64),
         )  # fmt: skip

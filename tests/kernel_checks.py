@@ -201,9 +201,11 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
     # On CPU the kernels' decay tables (binary powers, kernels/decay_tables.py) differ from the
     # PyTorch path's (polar form) by ~1e-6, so a few table entries land on the other side of a
     # rounding boundary, and every chunk reuses each entry: measured up to 1.8e-4 at TF32 (dk of
-    # the second case) and 8.2e-6 at bf16, below each precision's own error against IEEE
-    # (4.9e-4..6.2e-4 and 4.1e-3..4.3e-3 on o). Each run is also held to be that far off IEEE.
-    tol = tol or {"tf32": 3e-4 if device == "cpu" else 1.5e-3, "bf16": 1.5e-5}
+    # the second case) and 2.9e-5 at bf16 (dq of the second case: the kernels form dp = dw̃ Ĝ
+    # on chip, summed in another order than the PyTorch GEMM, before dy is rounded to bf16),
+    # below each precision's own error against IEEE (4.9e-4..6.2e-4 and 4.1e-3..4.3e-3 on o).
+    # Each run is also held to be that far off IEEE.
+    tol = tol or {"tf32": 3e-4 if device == "cpu" else 1.5e-3, "bf16": 6e-5}
     chunked.SEGMENT_TOKENS = 32 if device == "cpu" else 512
     try:
         for B, T, H, R, D, M, L, dt, starts, readout, _ in PRECISION_CASES:

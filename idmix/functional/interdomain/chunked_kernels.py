@@ -5,7 +5,7 @@ per segment the chunk-start states and the output with p and w̃ = Ĝ p on chip
 (kernels/chunk_output.py), for heads of up to 64 features and modes at chunks of up to 64;
 others form p in pass 1, w̃ in one strided GEMM and o in pass 2.
 The backward recomputes p and w̃ that way; between its launches run only strided GEMMs
-(w̃ = Ĝ p, dp = dw̃ Ĝ, dĜ += dw̃ᵀ p) and three small sums.
+(w̃ = Ĝ p, dĜ += dw̃ᵀ p) and three small sums; dp = dw̃ Ĝ is formed in the kernels that use it.
 
 What the kernels take care of, so that no PyTorch op has to (docs/gpu.md, "The GPU path"):
 - q, k, v, o and their gradients stay in their (B, T, H, ·) layout and dtype: the kernels read
@@ -224,7 +224,6 @@ def chunked_kernels_backward(
             gs_bh, dxv, pv.reset, pv.positions(poison), precision, BL,
         )  # fmt: skip
         dw_rows, p_rows = dw.view(H, -1, 2 * M), p.view(H, -1, 2 * M)
-        dp_bh = matmul(dw_rows, G_hat, precision).view(dw.shape).transpose(0, 1)
         dG = (
             matmul(dw_rows.mT, p_rows, precision)
             if dG is None
@@ -234,7 +233,7 @@ def chunked_kernels_backward(
         dkT = q.new_empty(B, H, pv.n, R, pv.Lp, **f32)
         dxk = q.new_empty(B, H, pv.n, R, 2 * M, **f32)
         kern.intra_chunk_pass1_backward(
-            dp_bh, qv, kv, st, pv.dec.start, pv.dec.end, dq_lag, dkT, dxk, ge_bh, gs_bh,
+            dw_bh, G_hat, qv, kv, st, pv.dec.start, pv.dec.end, dq_lag, dkT, dxk, ge_bh, gs_bh,
             pv.chunks(dq), pv.reset, precision, BL,
         )  # fmt: skip
         g_inc, dZ, d_chunk = kern.chunk_states_backward(
