@@ -133,8 +133,9 @@ def _chunk_macs(name, a, programs):
         + L * L * M2
         + L * M2 * D
         + L * L * D,
-        "_pass2_bwd_lag_kernel": 2 * L * D * L + 3 * L * L * M2,
-        "_pass2_bwd_state_kernel": 2 * L * D * M2,
+        # each forms w̃ = Ĝ p on chip (the lag kernel twice)
+        "_pass2_bwd_lag_kernel": 2 * L * D * L + 3 * L * L * M2 + 2 * L * M2 * M2,
+        "_pass2_bwd_state_kernel": 2 * L * D * M2 + L * M2 * M2,
         # each forms dp = dw̃ Ĝ on chip
         "_pass1_bwd_lag_kernel": 3 * L * R * L + 2 * L * L * M2 + L * M2 * M2,
         "_pass1_bwd_state_kernel": 3 * L * R * M2 + L * M2 * M2,

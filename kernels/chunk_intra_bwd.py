@@ -2,13 +2,13 @@
 chunk). Each recomputes what it needs of its pass from the chunk-start states and writes the
 gradients of its inputs; the decay gradients come out per program, accumulated across the four
 kernels into two buffers (summed over batch and chunks outside). Between the two passes,
-dĜ += dw̃ᵀ p is a batched GEMM over heads in PyTorch; dp = dw̃ Ĝ is formed on chip by the pass
-1 kernels, block by block. q, k, v and do are read by stride from their (B, T, H, ·) layout
-(non-finite q, k, v entries zeroed, do's poisoned rows zeroed: containment); dq is written
-there in its dtype, zero where q was not finite; the intra-chunk parts of dk and dv go to fp32
-buffers that chunk_input_grads.py completes.
+dĜ += dw̃ᵀ p is a batched GEMM over heads in PyTorch; w̃ = Ĝ p (pass 2's kernels) and dp = dw̃ Ĝ
+(pass 1's) are formed on chip, block by block, where they are used. q, k, v and do are read
+by stride from their (B, T, H, ·) layout (non-finite q, k, v entries zeroed, do's poisoned rows
+zeroed: containment); dq is written there in its dtype, zero where q was not finite; the
+intra-chunk parts of dk and dv go to fp32 buffers that chunk_input_grads.py completes.
 
-pass 2 backward (given do, w̃):  dv, dXᵛ, dw̃ and the partial dλ^{i+1}, d(βλ^{L-1-j})
+pass 2 backward (given do, p):   dv, dXᵛ, dw̃ and the partial dλ^{i+1}, d(βλ^{L-1-j})
 pass 1 backward (given dw̃):     dq, dk, dXᵏ and the partial dλ^{i+1}, d(βλ^{L-1-j})
 
 Each pass is two kernels, run in turn: the lag part (the (L, L) weights by lag and the
@@ -45,9 +45,8 @@ from .tiles import (
     store_tile,
 )
 
-_LAG2 = Space(
-    sm90=[(4, 8), (4, 16), (8, 8), (8, 16), (8, 32), (8, 64)], sm80=[(8, 8), (8, 16), (8, 32)]
-)
+# _pass2_bwd_lag_kernel forms w̃ = Ĝ p on chip: (8, 64) on sm_90 and (8, 32) on sm_80 spill
+_LAG2 = Space(sm90=[(4, 8), (4, 16), (8, 8), (8, 16), (8, 32)], sm80=[(8, 8), (8, 16)])
 _STATE2 = Space(sm90=[(4, 8), (8, 8), (8, 16), (8, 32)], sm80=[(8, 8)])
 _LAG1 = Space(
     sm90=[(4, 8), (4, 16), (8, 8), (8, 16), (8, 32), (8, 64)],
@@ -82,25 +81,28 @@ def _poisoned(poison_ptr, b, h, n, s_fb, s_fh, s_fn, L, BL: tl.constexpr, POISON
 
 
 @triton.jit
-def _dp_block(dw_base, g_base, co, ll, s_wl, s_gr, s_gc, L, M, PREC: tl.constexpr,
-              BM: tl.constexpr):  # fmt: skip
-    """dp's (BL, 2·BM) block at interleaved columns co: Σ over input mode blocks of dw̃'s block
-    times Ĝ's (2·BM, 2·BM) tile (dp = dw̃ Ĝ, formed where it is used, never stored)."""
-    dp = tl.zeros((ll.shape[0], 2 * BM), dtype=tl.float32)
+def _times_G(x_base, g_base, co, ll, s_xl, s_gi, s_go, L, M, PREC: tl.constexpr,
+             BM: tl.constexpr):  # fmt: skip
+    """(BL, 2·BM) block at interleaved output columns co of x Γ, where Γ[i, o] sits at
+    g_base + i·s_gi + o·s_go: Σ over input mode blocks of x's block times Γ's tile, formed where
+    it is used and never stored. dp = dw̃ Ĝ: (s_gi, s_go) = Ĝ's (row, column) strides; w̃ = p Ĝᵀ:
+    its (column, row) strides."""
+    acc = tl.zeros((ll.shape[0], 2 * BM), dtype=tl.float32)
     for mi in range(0, M, BM):
         ci = 2 * mi + tl.arange(0, 2 * BM)
-        dw = load_tile(dw_base, ll, ci, s_wl, 1, L, 2 * M)
-        dp = mma(dw, load_tile(g_base, ci, co, s_gr, s_gc, 2 * M, 2 * M), dp, PREC)
-    return dp
+        x = load_tile(x_base, ll, ci, s_xl, 1, L, 2 * M)
+        acc = mma(x, load_tile(g_base, ci, co, s_gi, s_go, 2 * M, 2 * M), acc, PREC)
+    return acc
 
 
 @triton.autotune(configs=_LAG2.configs, key=_KEY_P2, prune_configs_by=_LAG2.prune)
 @triton.jit(do_not_specialize=["N", "L"])
 def _pass2_bwd_lag_kernel(
-    do_ptr, w_ptr, v_ptr, dend_ptr, reset_ptr, poison_ptr, dv_ptr, dw_ptr, gend_ptr,
+    do_ptr, p_ptr, g_ptr, v_ptr, dend_ptr, reset_ptr, poison_ptr, dv_ptr, dw_ptr, gend_ptr,
     H, N, L, R, D, M,
     s_ob, s_oh, s_on, s_ol,
     s_wb, s_wh, s_wn, s_wl,
+    s_gh, s_gr, s_gc,
     s_vb, s_vh, s_vn, s_vl,
     s_dh, s_dl,
     s_rb, s_rn,
@@ -110,8 +112,9 @@ def _pass2_bwd_lag_kernel(
     BL: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     """dv = mixᵀ do with mix = shear_out(w̃ endᵀ) (recomputed); d_lag = shear_in(do vᵀ);
-    dw̃ = d_lag end (the lag part) and the end partial d_lagᵀ w̃. do and v are walked in blocks
-    of BK channels: on sm_80 a whole (L, D) product operand is held by every warp."""
+    dw̃ = d_lag end (the lag part) and the end partial d_lagᵀ w̃, with w̃ = Ĝ p formed block by
+    block (_times_G). do and v are walked in blocks of BK channels: on sm_80 a whole (L, D)
+    product operand is held by every warp."""
     b, h, n = program_bhn(H, N)
     ll = tl.arange(0, BL)
     if HAS_RESET:
@@ -128,11 +131,11 @@ def _pass2_bwd_lag_kernel(
     if HAS_RESET:
         d_mix = tl.where(same, d_mix, 0.0)
     d_lag = shear_in(operand(d_mix, PREC), L, BL)  # aligned with end
-    w_base = w_ptr + b * s_wb + h * s_wh + n * s_wn
+    p_base, g_base = p_ptr + b * s_wb + h * s_wh + n * s_wn, g_ptr + h * s_gh
     by_lag = tl.zeros((BL, BL), dtype=tl.float32)
     for m0 in range(0, M, BM):
         cc = 2 * m0 + tl.arange(0, 2 * BM)
-        w = load_tile(w_base, ll, cc, s_wl, 1, L, 2 * M)
+        w = _times_G(p_base, g_base, cc, ll, s_wl, s_gc, s_gr, L, M, PREC, BM)
         end = load_tile(dend_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M)
         by_lag = mma(w, tl.trans(end), by_lag, PREC)
     mix = shear_out(operand(by_lag, PREC), L, BL)
@@ -150,7 +153,7 @@ def _pass2_bwd_lag_kernel(
         cc = 2 * m0 + tl.arange(0, 2 * BM)
         end = load_tile(dend_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M)
         store_tile(dw_base, ll, cc, s_wl, 1, L, 2 * M, mma(d_lag, end, None, PREC))
-        w = load_tile(w_base, ll, cc, s_wl, 1, L, 2 * M)
+        w = _times_G(p_base, g_base, cc, ll, s_wl, s_gc, s_gr, L, M, PREC, BM)
         store_tile(ge_base, ll, cc, s_wl, 1, L, 2 * M, mma(tl.trans(d_lag), w, None, PREC))
 
 
@@ -160,10 +163,11 @@ def _pass2_bwd_lag_kernel(
 )
 @triton.jit(do_not_specialize=["N", "L"])
 def _pass2_bwd_state_kernel(
-    do_ptr, w_ptr, st_ptr, dstart_ptr, reset_ptr, poison_ptr, dxv_ptr, dw_ptr, gstart_ptr,
+    do_ptr, p_ptr, g_ptr, st_ptr, dstart_ptr, reset_ptr, poison_ptr, dxv_ptr, dw_ptr, gstart_ptr,
     H, N, L, R, D, M,
     s_ob, s_oh, s_on, s_ol,
     s_wb, s_wh, s_wn, s_wl,
+    s_gh, s_gr, s_gc,
     s_sb, s_sh, s_sn, s_sc,
     s_dh, s_dl,
     s_rb, s_rn,
@@ -173,7 +177,7 @@ def _pass2_bwd_state_kernel(
     BL: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     """du = do Xᵛ (the start state's read); dXᵛ = doᵀ u with u = conj(λ^{t+1}) ⊙ w̃;
-    dw̃ += λ^{t+1} ⊙ du; the start partial conj(du) ⊙ w̃."""
+    dw̃ += λ^{t+1} ⊙ du; the start partial conj(du) ⊙ w̃; w̃ = Ĝ p formed block by block."""
     b, h, n = program_bhn(H, N)
     ll, dd = tl.arange(0, BL), tl.arange(0, BD)
     if HAS_RESET:
@@ -181,14 +185,14 @@ def _pass2_bwd_state_kernel(
     bad = _poisoned(poison_ptr, b, h, n, s_fb, s_fh, s_fn, L, BL, POISON)
     do = _load_do(do_ptr + b * s_ob + h * s_oh + n * s_on, ll, dd, s_ol, L, D, bad, POISON)
     do = operand(do, PREC)
-    w_base = w_ptr + b * s_wb + h * s_wh + n * s_wn
+    p_base, g_base = p_ptr + b * s_wb + h * s_wh + n * s_wn, g_ptr + h * s_gh
     sv_base = st_ptr + b * s_sb + h * s_sh + n * s_sn + R * s_sc
     dxv_base = dxv_ptr + b * s_xb + h * s_xh + n * s_xn
     dw_base = dw_ptr + b * s_wb + h * s_wh + n * s_wn
     gs_base = gstart_ptr + b * s_wb + h * s_wh + n * s_wn
     for m0 in range(0, M, BM):
         cc = 2 * m0 + tl.arange(0, 2 * BM)
-        w = load_tile(w_base, ll, cc, s_wl, 1, L, 2 * M)
+        w = _times_G(p_base, g_base, cc, ll, s_wl, s_gc, s_gr, L, M, PREC, BM)
         start = load_tile(dstart_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M)
         du = mma(do, load_tile(sv_base, dd, cc, s_sc, 1, D, 2 * M), None, PREC)  # (t, modes)
         u = cmul(start, w, True)
@@ -222,7 +226,7 @@ def _pass1_bwd_lag_kernel(
 ):  # fmt: skip
     """d_scores = shear_out(dp endᵀ); dq = d_scores k (the lag part, to the fp32 buffer);
     dkᵀ = qᵀ d_scores; the end partial += laggedᵀ dp with lagged = shear_in(q kᵀ) (recomputed)
-    and dp = dw̃ Ĝ formed block by block (_dp_block). q and k are walked in blocks of BK
+    and dp = dw̃ Ĝ formed block by block (_times_G). q and k are walked in blocks of BK
     features (see _pass2_bwd_lag_kernel)."""
     b, h, n = program_bhn(H, N)
     ll = tl.arange(0, BL)
@@ -243,7 +247,7 @@ def _pass1_bwd_lag_kernel(
     by_lag = tl.zeros((BL, BL), dtype=tl.float32)  # (t, j): Σ_m Re(conj(end[j]) dp_t)
     for m0 in range(0, M, BM):
         cc = 2 * m0 + tl.arange(0, 2 * BM)
-        dp = _dp_block(dw_base, g_ptr + h * s_gh, cc, ll, s_pl, s_gr, s_gc, L, M, PREC, BM)
+        dp = _times_G(dw_base, g_ptr + h * s_gh, cc, ll, s_pl, s_gr, s_gc, L, M, PREC, BM)
         end = load_tile(dend_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M)
         by_lag = mma(dp, tl.trans(end), by_lag, PREC)
         ge = load_tile(ge_base, ll, cc, s_pl, 1, L, 2 * M)
@@ -304,7 +308,7 @@ def _pass1_bwd_state_kernel(
         dq = load_tile(dqin_ptr + b * s_ib + h * s_ih + n * s_in, ll, rk, s_il, 1, L, R)
         for m0 in range(0, M, BM):
             cc = 2 * m0 + tl.arange(0, 2 * BM)
-            dp = _dp_block(dw_base, g_ptr + h * s_gh, cc, ll, s_pl, s_gr, s_gc, L, M, PREC, BM)
+            dp = _times_G(dw_base, g_ptr + h * s_gh, cc, ll, s_pl, s_gr, s_gc, L, M, PREC, BM)
             dy = cmul(load_tile(dstart_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M), dp, True)
             if HAS_RESET:
                 dy = tl.where(valid[:, None], dy, 0.0)
@@ -326,34 +330,37 @@ def _pass1_bwd_state_kernel(
 
 
 def intra_chunk_pass2_backward(
-    do, w, v, starts, d_start, d_end, key_dim, dv, dw, g_end, g_start, dxv,
+    do, p, G_hat, v, starts, d_start, d_end, key_dim, dv, dw, g_end, g_start, dxv,
     reset=None, poison=None, precision="ieee", BL=None,
 ):  # fmt: skip
-    """do, v: (B, H, n, L, D) chunk views of the (B, T, H, D) output gradient and input; w:
-    (B, H, n, L, 2M); starts, d_start, d_end, reset, precision, BL as in intra_chunk_pass1;
-    key_dim: R; poison as in intra_chunk_pass2. Writes dv (B, H, n, L, D) fp32 (the intra-chunk
-    part), dw, g_end, g_start (w's shape and strides: dw̃ and the per-program decay partials,
-    fp32) and dxv (B, H, n, D, 2M) fp32."""
-    B, H, N, L, twoM = w.shape
+    """do, v: (B, H, n, L, D) chunk views of the (B, T, H, D) output gradient and input; p:
+    (B, H, n, L, 2M) (pass 1's) and G_hat (H, 2M, 2M), w̃ = Ĝ p formed on chip; starts,
+    d_start, d_end, reset, precision, BL as in intra_chunk_pass1; key_dim: R; poison as in
+    intra_chunk_pass2. Writes dv (B, H, n, L, D) fp32 (the intra-chunk part), dw, g_end,
+    g_start (p's shape and strides: dw̃ and the per-program decay partials, fp32) and dxv
+    (B, H, n, D, 2M) fp32."""
+    B, H, N, L, twoM = p.shape
     R, D = key_dim, v.shape[-1]
-    r, s_rb, s_rn, has_reset = reset_args(reset, w)
+    r, s_rb, s_rn, has_reset = reset_args(reset, p)
     f = poison if poison is not None else r
     meta = dict(
         HAS_RESET=has_reset, PREC=PRECISION_CODES[precision], POISON=poison is not None,
         BL=BL or block(L),
     )  # fmt: skip
-    with on_device(w):
+    with on_device(p):
         _pass2_bwd_lag_kernel[(B * H * N,)](
-            do, w, v, d_end, r, f, dv, dw, g_end,
+            do, p, G_hat, v, d_end, r, f, dv, dw, g_end,
             H, N, L, R, D, twoM // 2,
-            *do.stride()[:4], *w.stride()[:4], *v.stride()[:4], *d_end.stride()[:2],
+            *do.stride()[:4], *p.stride()[:4], *G_hat.stride(), *v.stride()[:4],
+            *d_end.stride()[:2],
             s_rb, s_rn, *flags_strides(poison, L), *dv.stride()[:4], **meta,
             BK=min(block(D), 32),
         )  # fmt: skip
         _pass2_bwd_state_kernel[(B * H * N,)](
-            do, w, starts, d_start, r, f, dxv, dw, g_start,
+            do, p, G_hat, starts, d_start, r, f, dxv, dw, g_start,
             H, N, L, R, D, twoM // 2,
-            *do.stride()[:4], *w.stride()[:4], *starts.stride()[:4], *d_start.stride()[:2],
+            *do.stride()[:4], *p.stride()[:4], *G_hat.stride(), *starts.stride()[:4],
+            *d_start.stride()[:2],
             s_rb, s_rn, *flags_strides(poison, L), *dxv.stride()[:4], **meta, BD=block(D),
         )  # fmt: skip
 

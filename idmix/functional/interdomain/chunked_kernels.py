@@ -4,8 +4,8 @@ the GPU training path. The forward launches the decay tables and the non-finite 
 per segment the chunk-start states and the output with p and w̃ = Ĝ p on chip
 (kernels/chunk_output.py), for heads of up to 64 features and modes at chunks of up to 64;
 others form p in pass 1, w̃ in one strided GEMM and o in pass 2.
-The backward recomputes p and w̃ that way; between its launches run only strided GEMMs
-(w̃ = Ĝ p, dĜ += dw̃ᵀ p) and three small sums; dp = dw̃ Ĝ is formed in the kernels that use it.
+The backward recomputes p by pass 1; w̃ = Ĝ p and dp = dw̃ Ĝ are formed in the kernels that use
+them, and between its launches run only one strided GEMM (dĜ += dw̃ᵀ p) and three small sums.
 
 What the kernels take care of, so that no PyTorch op has to (docs/gpu.md, "The GPU path"):
 - q, k, v, o and their gradients stay in their (B, T, H, ·) layout and dtype: the kernels read
@@ -92,16 +92,14 @@ def _states(kern, pv: _Views, k, v, Z, last, contain, precision, BL):
     )  # fmt: skip
 
 
-def _p_and_w(kern, pv: _Views, q, k, st, G_hat, precision, BL):
-    """p and w̃ = Ĝ p on one piece by pass 1 and a GEMM (the backward's recompute, and the
-    forward where the fused output kernel does not fit): (p (H, B, n, L, 2M), w̃ as a
-    (B, H, n, L, 2M) view)."""
-    H, B, M2 = q.shape[2], q.shape[0], G_hat.shape[-1]
+def _p(kern, pv: _Views, q, k, st, M2, precision, BL):
+    """p on one piece by pass 1: (p (H, B, n, L, 2M), its (B, H, n, L, 2M) view)."""
+    H, B = q.shape[2], q.shape[0]
     p, p_bh = pv.per_head(H, B, M2, q)
     kern.intra_chunk_pass1(
         pv.chunks(q), pv.chunks(k), st, pv.dec.start, pv.dec.end, p_bh, pv.reset, precision, BL
     )
-    return p, _with_G(p, G_hat, precision).transpose(0, 1)
+    return p, p_bh
 
 
 @torch.library.custom_op("idmix::chunked_kernels_forward", mutates_args=())
@@ -152,7 +150,8 @@ def chunked_kernels_forward(
                 ov, pv.reset, rows, precision, BL,
             )  # fmt: skip
         else:
-            w_bh = _p_and_w(kern, pv, q, k, st, G_hat, precision, BL)[1]
+            p = _p(kern, pv, q, k, st, 2 * M, precision, BL)[0]
+            w_bh = _with_G(p, G_hat, precision).transpose(0, 1)
             kern.intra_chunk_pass2(
                 w_bh, pv.chunks(v), st, pv.dec.start, pv.dec.end, R, ov, pv.reset, rows,
                 precision, BL,
@@ -213,14 +212,14 @@ def chunked_kernels_backward(
         qv, kv, vv = pv.chunks(q), pv.chunks(k), pv.chunks(v)
         Zi = Z0 if i == 0 else bounds[i - 1]
         st = _states(kern, pv, k, v, Zi, scratch, None, precision, BL)
-        p, w_bh = _p_and_w(kern, pv, q, k, st, G_hat, precision, BL)
+        p, p_bh = _p(kern, pv, q, k, st, 2 * M, precision, BL)
         dw, dw_bh = pv.per_head(H, B, 2 * M, q)
         ge, ge_bh = pv.per_head(H, B, 2 * M, q)
         gs, gs_bh = pv.per_head(H, B, 2 * M, q)
         dv_in = q.new_empty(B, H, pv.n, pv.Lp, D, **f32)
         dxv = q.new_empty(B, H, pv.n, D, 2 * M, **f32)
         kern.intra_chunk_pass2_backward(
-            pv.chunks(do), w_bh, vv, st, pv.dec.start, pv.dec.end, R, dv_in, dw_bh, ge_bh,
+            pv.chunks(do), p_bh, G_hat, vv, st, pv.dec.start, pv.dec.end, R, dv_in, dw_bh, ge_bh,
             gs_bh, dxv, pv.reset, pv.positions(poison), precision, BL,
         )  # fmt: skip
         dw_rows, p_rows = dw.view(H, -1, 2 * M), p.view(H, -1, 2 * M)
