@@ -27,11 +27,6 @@ import triton.language as tl
 
 from .tiles import split_pairs
 
-# A scan is split when it has fewer programs than half the SMs: by benchmarks/cost_model.py
-# (fitted to an H200 run), only then does the chain of chunk steps it saves outweigh the second
-# read of its inputs that the split costs (at 32K tokens × 16 heads it does not, at 64K it
-# does, fwd 4.25 -> 3.09 ms). To be measured again on a GPU, with the fused kernels.
-
 # Off a GPU (the interpreter) the scans are not split unless a test asks for this many programs.
 OFF_GPU_TARGET_PROGRAMS = 0
 
@@ -43,6 +38,10 @@ def target_programs(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+# A scan is split when it has fewer programs than half the SMs: by benchmarks/cost_model.py
+# (fitted to an H200 run), only then does the chain of chunk steps it saves outweigh the second
+# read of its inputs that the split costs (docs/gpu.md, "The split chunk-state scan"). To be
+# measured again on a GPU, with the fused kernels.
 def plan_splits(programs: int, n: int, target: int) -> tuple[int, int]:
     """(splits, per_split) for a scan of n chunks over `programs` programs (rows × state
     tiles): one split unless they are fewer than half the target, else √n splits (a program
