@@ -55,7 +55,9 @@ def plan_splits(programs: int, n: int, target: int) -> tuple[int, int]:
 def splits_for(splits: int | None, programs: int, n: int, device) -> tuple[int, int]:
     """(splits, per_split) of a scan of n chunks over `programs` programs: as asked (at most
     n), or by plan_splits to fill the device."""
-    if splits is None or n <= 1:
+    if n <= 1:
+        return 1, n
+    if splits is None:
         return plan_splits(programs, n, target_programs(device))
     per_split = math.ceil(n / max(1, min(splits, n)))
     return math.ceil(n / per_split), per_split
