@@ -137,8 +137,7 @@ def _states_fwd_kernel(
         carry_in = tl.load(cin_ptr + row).to(tl.int32)
     if PHASE == 2:  # the split's start: the row's initial state carried over the runs before
         for before in range(0, sp):
-            S = through_split(ends_ptr, factors_ptr, row, before, SPLITS, cc, cols, 2 * M, C,
-                              M, S)  # fmt: skip
+            S = through_split(ends_ptr, factors_ptr, row, before, SPLITS, cc, cols, C, M, S)
             if CONTAIN:
                 carry_in = poison_through(sflags_ptr, row, before, SPLITS, carry_in)
     pr, pi = lr * 0.0 + 1.0, lr * 0.0  # the run's product of carry factors (PHASE 1)
@@ -209,7 +208,7 @@ def _states_bwd_kernel(
     if PHASE == 2:  # the gradient at the split's end: dZ_end carried back over the runs after
         for step in range(0, SPLITS - 1 - sp):
             G = through_split(ends_ptr, factors_ptr, row, SPLITS - 1 - step, SPLITS, cc, cols,
-                              2 * M, C, M, G)  # fmt: skip
+                              C, M, G)  # fmt: skip
     d_chunk = tl.zeros((2 * BM,), dtype=tl.float32)
     pr, pi = lr * 0.0 + 1.0, lr * 0.0  # the run's product of conj(c_j) (PHASE 1)
     key, value = cc < R, cc >= R

@@ -48,7 +48,12 @@ def plan_splits(programs: int, n: int, target: int) -> tuple[int, int]:
     walks per_split + splits steps); every split non-empty."""
     if 2 * programs >= target or n < 4:
         return 1, n
-    per_split = math.ceil(n / math.isqrt(n))
+    return _runs(n, math.isqrt(n))
+
+
+def _runs(n: int, splits: int) -> tuple[int, int]:
+    """(splits, per_split) for n chunks cut into at most `splits` runs, none empty."""
+    per_split = math.ceil(n / splits)
     return math.ceil(n / per_split), per_split
 
 
@@ -59,8 +64,7 @@ def splits_for(splits: int | None, programs: int, n: int, device) -> tuple[int, 
         return 1, n
     if splits is None:
         return plan_splits(programs, n, target_programs(device))
-    per_split = math.ceil(n / max(1, min(splits, n)))
-    return math.ceil(n / per_split), per_split
+    return _runs(n, max(1, min(splits, n)))
 
 
 def split_buffers(rows: int, splits: int, C: int, M2: int, device) -> tuple:
@@ -103,12 +107,13 @@ def store_factor(base, cols, re, im, M, writer):
 
 
 @triton.jit
-def through_split(ends_ptr, factors_ptr, row, sp, splits, cc, cols, s_ec, C, M, x):
-    """A_sp ⊙ x + E_sp for split sp of a row: a (BC, 2·BM) state tile carried over its run."""
+def through_split(ends_ptr, factors_ptr, row, sp, splits, cc, cols, C, M, x):
+    """A_sp ⊙ x + E_sp for split sp of a row: a (BC, 2·BM) state tile carried over its run
+    (contiguous buffers of split_buffers)."""
     base = row * splits + sp
     ar, ai = pair_factor(factors_ptr + base * 2 * M, cols, M, False)
     ok = (cc < C)[:, None] & (cols < 2 * M)[None, :]
-    off = base * C * s_ec + cc[:, None].to(tl.int64) * s_ec + cols[None, :]
+    off = (base * C + cc[:, None].to(tl.int64)) * 2 * M + cols[None, :]
     return times_factor(ar, ai, x) + tl.load(ends_ptr + off, mask=ok, other=0.0)
 
 
