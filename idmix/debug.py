@@ -1,7 +1,8 @@
 """When idmix checks values inside tensors (token ids, positions, |λ|), which needs a host sync:
 in eager mode only (never inside a compiled graph, nor under ``torch.func.vmap``, whose batched
 tensors have no single value), and for CPU tensors (where the sync is free) or everywhere when
-the environment sets IDMIX_DEBUG=1."""
+the environment sets IDMIX_DEBUG=1. IDMIX_DEBUG=0 turns them off on CPU too: the path a GPU
+takes, for tests that a step reads no value on the host."""
 
 from __future__ import annotations
 
@@ -23,4 +24,5 @@ def functorch_transforms() -> tuple[str, ...]:
 def check_values(x: torch.Tensor) -> bool:
     if torch.compiler.is_compiling() or "Vmap" in functorch_transforms():
         return False
-    return x.device.type == "cpu" or os.environ.get("IDMIX_DEBUG") == "1"
+    flag = os.environ.get("IDMIX_DEBUG")
+    return flag != "0" and (x.device.type == "cpu" or flag == "1")

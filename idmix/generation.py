@@ -6,10 +6,16 @@ S4D-only keep a constant-size recurrent state; softmax keeps a KV cache).
 
 from __future__ import annotations
 
-import math
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
+
+from .sampling import check_sampling, sample_next
+from .static_decode import DecodeBuffers, StepRunner, emit
+
+__all__ = ["cache_nbytes", "generate", "prefill_logits", "release_caches", "sample_next"]
+STOP_CHECK_EVERY = 16  # steps between the host's looks at the done flags on a GPU
 
 
 def release_caches(model) -> None:
@@ -27,20 +33,6 @@ def cache_nbytes(model) -> int:
         if layer.attn.kv_cache is not None
         for t in layer.attn.kv_cache.to_tensordict().values(include_nested=True, leaves_only=True)
     )
-
-
-def check_sampling(temperature, top_k, top_p) -> None:
-    """temperature a finite number >= 0; top_k None or an int >= 1; top_p None or in (0, 1]."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature: expected a number, got {type(temperature).__name__}")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature: expected a finite number >= 0, got {temperature}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k: expected None or an int >= 1, got {top_k!r}")
-    if top_p is not None and (
-        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
-    ):
-        raise ValueError(f"top_p: expected None or a number in (0, 1], got {top_p!r}")
 
 
 def _check_prompts(prompts, vocab_size: int) -> list[list[int]]:
@@ -69,28 +61,45 @@ def _check_prompts(prompts, vocab_size: int) -> list[list[int]]:
     return rows
 
 
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-):
-    """logits: (B, V) -> next tokens (B,). temperature 0 is greedy."""
-    check_sampling(temperature, top_k, top_p)
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix reaching top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+def prefill_logits(model, tokens, mask, input_pos) -> torch.Tensor:
+    """The prompt through the model (its caches filled), unembedded at the last position only:
+    tokens, input_pos (B, P); mask (B, P, S) -> logits (B, V) fp32. The (B, P, V) logits of the
+    whole prompt are never formed."""
+    h = model.tok_embeddings(tokens)
+    for layer in model.layers:
+        h = layer(h, mask=mask, input_pos=input_pos)
+    logits = model.unembed(h[:, -1:])
+    return (torch.cat(logits, 1) if isinstance(logits, list) else logits)[:, -1]
+
+
+def prefill(
+    model, prompts: list[list[int]], max_new_tokens: int, stop_tokens=(), pad_id: int = 0
+) -> tuple[DecodeBuffers, torch.Tensor]:
+    """Set up and fill the model's caches with the prompts (checked, as ``generate`` takes them),
+    left-padded to P tokens with positions restarting at each row's first real token. Returns
+    the buffers of the decode steps to come (mask columns S = P + max_new_tokens) and the
+    logits (B, V) of each row's last prompt token."""
+    device = next(model.parameters()).device
+    B, P = len(prompts), max(len(p) for p in prompts)
+    tokens = torch.full((B, P), pad_id, dtype=torch.long, device=device)
+    real = torch.zeros(B, P, dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        tokens[i, P - len(p) :] = torch.as_tensor(list(p), device=device)
+        real[i, P - len(p) :] = True
+    pos = (real.long().cumsum(1) - 1).clamp_min(0)
+    keys = torch.cat([real, torch.ones(B, max_new_tokens, dtype=torch.bool, device=device)], 1)
+    causal = torch.ones(P, P + max_new_tokens, dtype=torch.bool, device=device).tril()
+    dtype = next(model.parameters()).dtype
+    model.setup_caches(batch_size=B, dtype=dtype, decoder_max_seq_len=P + max_new_tokens)
+    model.reset_caches()
+    logits = prefill_logits(model, tokens, causal[None] & keys[:, None], pos)
+    return DecodeBuffers.create(keys, pos[:, -1] + 1, max_new_tokens, stop_tokens, pad_id), logits
+
+
+def _decode_mode(compile: bool, device: torch.device) -> str:
+    if not compile:
+        return "eager"
+    return "graphed" if device.type == "cuda" else "compiled"
 
 
 @torch.no_grad()
@@ -112,8 +121,13 @@ def generate(
     after its first stop token, which is kept). Prompts of different lengths are left-padded;
     positions restart at 0 on each row's first real token, so the SSM mixers reset their state
     there and padding never leaks in. callback(step, tokens (B,)) streams each new token.
-    compile: run the one-token step through ``torch.compile(fullgraph=True)``; it compiles once
-    per (model, batch size) and never again across steps (the caches are updated in place).
+
+    compile: the one-token step (model, sampling and bookkeeping, ``idmix.static_decode``) runs
+    through ``torch.compile(fullgraph=True)``, compiled once per (model, batch size, sampling
+    settings); on CUDA it is then captured as a CUDA graph and replayed per token. A generator
+    then seeds the device's generator for the call (restored afterwards), which the compiled
+    step draws from. Without a callback, the host reads the tokens only every
+    ``STOP_CHECK_EVERY`` steps on CUDA (to stop early) and at the end.
     """
     prompts = _check_prompts(prompts, model.tok_embeddings.num_embeddings)
     if (
@@ -124,43 +138,39 @@ def generate(
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
     check_sampling(temperature, top_k, top_p)
     device = next(model.parameters()).device
-    B, P = len(prompts), max(len(p) for p in prompts)
-    total = P + max_new_tokens
-    tokens = torch.full((B, P), pad_id, dtype=torch.long, device=device)
-    real = torch.zeros(B, P, dtype=torch.bool, device=device)
-    for i, p in enumerate(prompts):
-        tokens[i, P - len(p) :] = torch.as_tensor(list(p), device=device)
-        real[i, P - len(p) :] = True
-    pos = (real.long().cumsum(1) - 1).clamp_min(0)
-    keys = torch.cat([real, torch.ones(B, max_new_tokens, dtype=torch.bool, device=device)], 1)
-    causal = torch.ones(total, total, dtype=torch.bool, device=device).tril()
-    mask = causal[None] & keys[:, None, :]  # (B, total, total): causal, never to padding
-
-    dtype = next(model.parameters()).dtype
-    model.setup_caches(batch_size=B, dtype=dtype, decoder_max_seq_len=total)
-    model.reset_caches()
+    mode = _decode_mode(compile, device)
+    sampling = (temperature, top_k, top_p)
+    rng = _seeded_device_rng(None if mode == "eager" else generator, device)
+    check_every = 1 if device.type == "cpu" or callback is not None else STOP_CHECK_EVERY
     try:
-        logits = model(tokens, mask=mask[:, :P], input_pos=pos)[:, -1]
-        out = [[] for _ in range(B)]
-        done = torch.zeros(B, dtype=torch.bool, device=device)
-        stop = torch.as_tensor(list(stop_tokens), dtype=torch.long, device=device)
-        next_pos = pos[:, -1] + 1
-        # Dynamo caches the compiled forward on the model's code: a second call does not recompile
-        one_token = torch.compile(model, fullgraph=True, dynamic=False) if compile else model
-        for step in range(max_new_tokens):
-            nxt = sample_next(logits, temperature, top_k, top_p, generator)
-            nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-            for i in range(B):
-                if not done[i]:
-                    out[i].append(int(nxt[i]))
-            if callback is not None:
-                callback(step, nxt)
-            done |= torch.isin(nxt, stop)
-            if bool(done.all()) or step == max_new_tokens - 1:
-                break
-            row = mask[:, P + step : P + step + 1].clone()  # same strides every step
-            logits = one_token(nxt[:, None], mask=row, input_pos=next_pos[:, None])[:, -1]
-            next_pos = next_pos + 1
+        with rng:
+            buf, logits = prefill(model, prompts, max_new_tokens, stop_tokens, pad_id)
+            emit(buf, logits, *sampling, generator if mode == "eager" else None)
+            step = StepRunner(model, buf, sampling, mode, generator)
+            for i in range(1, max_new_tokens + 1):
+                if callback is not None:
+                    callback(i - 1, buf.token[:, 0].clone())
+                if i == max_new_tokens or (i % check_every == 0 and bool(buf.done.all())):
+                    break
+                step()
+        rows, counts = buf.out.tolist(), buf.count.tolist()
     finally:
         release_caches(model)
-    return out
+    return [row[:n] for row, n in zip(rows, counts, strict=True)]
+
+
+def _seeded_device_rng(generator, device: torch.device):
+    """A context in which the device's default generator is seeded from generator (if given)
+    and restored afterwards; the compiled step cannot take a generator argument."""
+    if generator is None:
+        return contextlib.nullcontext()
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+    rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+    return _then_seed(rng, seed)
+
+
+@contextlib.contextmanager
+def _then_seed(rng, seed: int):
+    with rng:
+        torch.manual_seed(seed)
+        yield

@@ -1,0 +1,142 @@
+"""The whole model's one-token decode step on static buffers: eager, compiled, or a CUDA graph.
+
+Every tensor the step reads or writes lives at a fixed address for the whole generation (the
+model's caches, updated in place, and :class:`DecodeBuffers`), nothing in it reads a value on
+the host, and sampling runs on the device: so the compiled step can be captured once as a CUDA
+graph and replayed per token with no host work but the replay (``mode="graphed"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import sample_next
+
+MODES = ("eager", "compiled", "graphed")
+WARMUP_STEPS = 2  # compiled steps run before the capture (compiles, autotuning, workspaces)
+
+
+@dataclass
+class DecodeBuffers:
+    """The step's state besides the model's caches; B rows, S mask columns, N new tokens.
+
+    keys: (B, S) bool, True on the columns a query may attend to (real tokens);
+    columns: (S,) 0..S-1; column: () the mask column of the token fed next;
+    token: (B, 1) the token fed next; pos: (B, 1) its position;
+    out: (B, N) the new tokens (pad once a row is done); count: (B,) tokens each row emitted;
+    done: (B,) whether a row has emitted a stop token; index: () the next slot of out;
+    stop: (n,) the stop token ids; pad: () the id fed and written after a row is done.
+    """
+
+    keys: torch.Tensor
+    columns: torch.Tensor
+    column: torch.Tensor
+    token: torch.Tensor
+    pos: torch.Tensor
+    out: torch.Tensor
+    count: torch.Tensor
+    done: torch.Tensor
+    index: torch.Tensor
+    stop: torch.Tensor
+    pad: torch.Tensor
+
+    @classmethod
+    def create(cls, keys, next_pos, max_new_tokens: int, stop_tokens, pad_id: int):
+        """keys: (B, S) bool; next_pos: (B,) the position of each row's first new token."""
+        B, S = keys.shape
+        device = keys.device
+
+        def scalar(value):
+            return torch.tensor(value, dtype=torch.long, device=device)
+
+        return cls(
+            keys=keys,
+            columns=torch.arange(S, device=device),
+            column=scalar(S - max_new_tokens),
+            token=torch.full((B, 1), pad_id, dtype=torch.long, device=device),
+            pos=next_pos[:, None].clone(),
+            out=torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device),
+            count=torch.zeros(B, dtype=torch.long, device=device),
+            done=torch.zeros(B, dtype=torch.bool, device=device),
+            index=scalar(0),
+            stop=torch.as_tensor(list(stop_tokens), dtype=torch.long, device=device),
+            pad=scalar(pad_id),
+        )
+
+
+def emit(buf: DecodeBuffers, logits, temperature, top_k, top_p, generator=None) -> None:
+    """Sample from logits (B, V) into the buffers, in place: the token, its slot of out, the
+    counts and the done flags."""
+    nxt = sample_next(logits, temperature, top_k, top_p, generator)
+    nxt = torch.where(buf.done, buf.pad, nxt)
+    buf.out.index_copy_(1, buf.index.view(1), nxt[:, None])
+    buf.count.add_((~buf.done).long())
+    buf.done.logical_or_(torch.isin(nxt, buf.stop))
+    buf.token.copy_(nxt[:, None])
+    buf.index.add_(1)
+
+
+def decode_step(model, buf: DecodeBuffers, temperature, top_k, top_p, generator=None) -> None:
+    """Feed buf.token through the model (its caches advance in place) and emit the next one."""
+    row = buf.keys & (buf.columns <= buf.column)  # (B, S): causal, never to padding
+    logits = model(buf.token, mask=row[:, None], input_pos=buf.pos)[:, -1]
+    buf.pos.add_(1)
+    buf.column.add_(1)
+    emit(buf, logits, temperature, top_k, top_p, generator)
+
+
+_compiled_step = None
+
+
+def compiled_decode_step():
+    """decode_step under ``torch.compile(fullgraph=True, dynamic=False)``: one compile per
+    (model, shapes, sampling settings), shared by every generation that meets them."""
+    global _compiled_step
+    if _compiled_step is None:
+        _compiled_step = torch.compile(decode_step, fullgraph=True, dynamic=False)
+    return _compiled_step
+
+
+class StepRunner:
+    """Runs decode_step per token in one of MODES. "graphed" (CUDA): the compiled step for
+    WARMUP_STEPS tokens, then captured once as a CUDA graph and replayed for every later token.
+    generator: used by "eager" only (the compiled step draws from the device's generator)."""
+
+    def __init__(self, model, buf: DecodeBuffers, sampling: tuple, mode: str, generator=None):
+        if mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        if mode == "graphed" and buf.keys.device.type != "cuda":
+            raise ValueError(f"mode: 'graphed' needs a CUDA model, got {buf.keys.device}")
+        self.model, self.buf, self.sampling, self.mode = model, buf, sampling, mode
+        self.generator = generator if mode == "eager" else None
+        self.steps, self.graph = 0, None
+
+    def __call__(self) -> None:
+        if self.mode == "eager":
+            decode_step(self.model, self.buf, *self.sampling, self.generator)
+        elif self.mode == "compiled":
+            self._compiled()
+        elif self.steps < WARMUP_STEPS:  # on a side stream, as CUDA graph capture asks
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._compiled()
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            if self.graph is None:
+                self.graph = self._capture()
+            self.graph.replay()
+        self.steps += 1
+
+    def _compiled(self) -> None:
+        compiled_decode_step()(self.model, self.buf, *self.sampling)
+
+    def _capture(self) -> torch.cuda.CUDAGraph:
+        """Record one compiled step (recording runs nothing: the caller replays it)."""
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._compiled()
+        return graph
