@@ -299,13 +299,19 @@ def selective_case(T, H, R, D, M, reset: bool, precision: str, B=1):
 
 
 def decode_case(H, R, D, M, dtype, B=1):
+    """The decode step's kernel in its three phases: one program per row (as at large batch),
+    then split by modes (a key launch and a value launch, as at small batch on a GPU)."""
     import idmix_kernels
+    import idmix_kernels.scan_splits as splits
 
     q, k = torch.empty(B, H, R, dtype=dtype), torch.empty(B, H, R, dtype=dtype)
     v = torch.empty(B, H, D, dtype=dtype)
     lam = torch.full((H, M, 2), 0.5)
     state = torch.zeros(B, H, R + D, 2 * M)
-    idmix_kernels.decode_step_triton(q, k, v, lam, lam, torch.empty(H, 2 * M, 2 * M), state)
+    G = torch.empty(H, 2 * M, 2 * M)
+    idmix_kernels.decode_step_triton(q, k, v, lam, lam, G, state)
+    with mock.patch.object(splits, "OFF_GPU_TARGET_PROGRAMS", 2**30):
+        idmix_kernels.decode_step_triton(q, k, v, lam, lam, G, state)
 
 
 # head shapes the builders make: the paper's (d_h = 64, M = 64), the 760M's d_h = 96 padded to
