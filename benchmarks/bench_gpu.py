@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
+from decode_models import HEADER  # noqa: E402
 
 H, R, D, M, L = 16, 64, 64, 64, 64
 TOKENS = 65536
@@ -37,7 +38,7 @@ CONTEXTS = (512, 2048, 8192, 32768, 131072)
 
 
 def timer(device):
-    """seconds per call of fn (CUDA events on a GPU; wall clock on CPU)."""
+    """seconds per call of fn (CUDA events on a GPU after a warm-up call; wall clock on CPU)."""
     if device == "cuda":
 
         def run(fn, reps):
@@ -53,8 +54,7 @@ def timer(device):
 
         return run
 
-    def run(fn, reps):
-        fn()
+    def run(fn, reps):  # the CPU is the dry run's: it covers the calls, it times nothing
         t0 = time.perf_counter()
         for _ in range(reps):
             fn()
@@ -149,8 +149,26 @@ TRAINING_HEADER = [
 ]  # fmt: skip
 
 
+def graphed(fn, device):
+    """fn captured once as a CUDA graph (after a warm-up call on a side stream): its replay,
+    with no host work but the replay itself. On CPU fn itself (no graphs there)."""
+    if device != "cuda":
+        return fn
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 @torch.no_grad()
 def decode_row(device, ctx, heads, lam, beta, G, reps, sdpa_ctx):
+    """The op's step at B = 1, called (host path included) and replayed as a CUDA graph,
+    against SDPA reading a bf16 KV cache of ctx tokens (graphed too)."""
     from idmix.functional import interdomain_decode_step_real
 
     q, k, v = (torch.randn(1, heads, R, device=device) for _ in range(3))
@@ -160,18 +178,21 @@ def decode_row(device, ctx, heads, lam, beta, G, reps, sdpa_ctx):
     qb = q.to(torch.bfloat16)[:, :, None]
     lam_ri, beta_ri = torch.view_as_real(lam), torch.view_as_real(beta)
 
-    def step(backend):
-        return lambda: interdomain_decode_step_real(
-            q, k, v, lam_ri, beta_ri, G, state, backend=backend
-        )
+    def step():
+        return interdomain_decode_step_real(q, k, v, lam_ri, beta_ri, G, state, backend="triton")
 
     def sdpa():
         with sdpa_ctx():
             return F.scaled_dot_product_attention(qb, kc, vc)
 
     time_it = timer(device)
-    t = {name: time_it(fn, reps) for name, fn in (("triton", step("triton")), ("sdpa", sdpa))}
-    return [str(ctx), f"{t['triton'] * 1e6:.1f}", f"{t['sdpa'] * 1e6:.1f}"], t["triton"]
+    t = {
+        "called": time_it(step, reps),
+        "graphed": time_it(graphed(step, device), reps),
+        "sdpa": time_it(graphed(sdpa, device), reps),
+    }
+    row = [str(ctx), *(f"{t[key] * 1e6:.1f}" for key in ("called", "graphed", "sdpa"))]
+    return row, t["graphed"]
 
 
 def autotune_choices() -> list[list[str]]:
@@ -190,12 +211,14 @@ def autotune_choices() -> list[list[str]]:
     return rows
 
 
-def parse_gpu_args(doc: str, argv, script: str):
-    """(args, device) of a GPU script: --markdown PATH, and --dry-run for the CPU under the
-    Triton interpreter; without it a CUDA device, or exit saying so."""
+def parse_gpu_args(doc: str, argv, script: str, add_arguments=lambda ap: None):
+    """(args, device) of a GPU script: --markdown PATH, --dry-run for the CPU under the Triton
+    interpreter, and what add_arguments(parser) adds; without --dry-run a CUDA device, or exit
+    saying so."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--markdown", type=Path, help="write the report here")
+    add_arguments(ap)
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     if args.dry_run:
@@ -206,8 +229,15 @@ def parse_gpu_args(doc: str, argv, script: str):
     return args, "cuda"
 
 
+def _models_seconds(ap) -> None:
+    ap.add_argument(
+        "--models-seconds", type=float, default=100.0,
+        help="time for the models table; cells past it are listed as not reached",
+    )  # fmt: skip
+
+
 def main(argv=None):
-    args, device = parse_gpu_args(__doc__, argv, "bench_gpu.py")
+    args, device = parse_gpu_args(__doc__, argv, "bench_gpu.py", _models_seconds)
     if device == "cpu":
         heads, lengths, tokens, contexts, reps = 2, (128,), 128, (64, 128), 1
     else:
@@ -224,22 +254,37 @@ def main(argv=None):
         )
         print_table("training (so far)", TRAINING_HEADER, train[-1:])
     G = readout_gram(C.detach())
-    decode, first = [], None
+    decode, steps = [], []
     for ctx in contexts:
-        steps = 50 * reps if device == "cuda" else 2
-        row, t = decode_row(device, ctx, heads, lam.detach(), beta.detach(), G, steps, sdpa_ctx)
-        first = first or t
-        decode.append([*row, f"{t / first:.3f}"])
-    decode_header = ["context", "ours step µs", "SDPA step µs", "ours / ours at first"]
+        reps_ctx = 50 * reps if device == "cuda" else 2
+        row, t = decode_row(device, ctx, heads, lam.detach(), beta.detach(), G, reps_ctx, sdpa_ctx)
+        steps.append(t)
+        decode.append(row)
+        print_table("decode (so far)", DECODE_HEADER[:-1], decode[-1:])
+    for row, t in zip(decode, steps, strict=True):
+        row.append(f"{t / min(steps):.3f}")
     print_table("training", TRAINING_HEADER, train)
-    print_table("decode", decode_header, decode)
+    print_table("decode", DECODE_HEADER, decode)
+    from decode_models import model_rows
+
+    models = model_rows(
+        device,
+        time.perf_counter() + args.models_seconds,
+        **({} if device == "cuda" else {"cells": ((1, 16), (2, 24)), "new_tokens": 6}),
+        report=lambda row: print_table("models (so far)", HEADER, [row]),
+    )
+    print_table("models", HEADER, models)
     if args.markdown:
-        write_report(
-            args.markdown, device, heads, train, decode, decode_header, time.perf_counter() - t0
-        )
+        write_report(args.markdown, device, heads, train, decode, models, time.perf_counter() - t0)
 
 
-def write_report(path: Path, device, heads, train, decode, decode_header, seconds) -> None:
+DECODE_HEADER = [
+    "context", "ours step µs (called)", "ours step µs (graphed)", "SDPA step µs (graphed)",
+    "ours graphed / its fastest",
+]  # fmt: skip
+
+
+def write_report(path: Path, device, heads, train, decode, models, seconds) -> None:
     import triton
 
     from idmix.evaluation.report import markdown_table
@@ -258,7 +303,11 @@ def write_report(path: Path, device, heads, train, decode, decode_header, second
         markdown_table(TRAINING_HEADER, train),
         "## Decode step (B = 1, all heads; SDPA reads a bf16 KV cache of the context)",
         "",
-        markdown_table(decode_header, decode),
+        markdown_table(DECODE_HEADER, decode),
+        "## Models decoding (benchmarks/decode_models.py: random weights, bf16, compiled step "
+        "replayed as a CUDA graph; prefill in pieces of 16K tokens)",
+        "",
+        markdown_table(HEADER, models),
         "## Autotune choices",
         "",
         markdown_table(

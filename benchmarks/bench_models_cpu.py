@@ -8,7 +8,8 @@ Training step = forward + cross-entropy + backward + AdamW, B=1, fp32. Decoding:
 token per step through the cache; the cache is filled to the context length directly (a KV
 cache of random keys/values, a random SSM state): a step's cost depends on the cache's size,
 not its contents, and a 32K softmax prefill would dominate the run. Compiled decoding is
-``torch.compile(model, fullgraph=True, dynamic=False)``, as ``generate(compile=True)`` runs it.
+``torch.compile(model, fullgraph=True, dynamic=False)`` (``generate(compile=True)`` compiles
+that model call inside its whole one-token step, idmix.static_decode).
 The last table marks the CPU speed issue's model-level targets ✓/✗.
 """
 

@@ -3,7 +3,8 @@
 # goes (benchmarks/profile_gpu.py: device time per kernel and per PyTorch op of one
 # forward+backward at 64 x 1K and 1 x 64K, and the decode step), then the benchmark against
 # SDPA's flash backend (benchmarks/bench_gpu.py: 1K-64K, forward and forward+backward, TF32 and
-# bf16 products, autotuning time, the decode step), then the kernel checks against the PyTorch
+# bf16 products, autotuning time, the decode step called and graphed, and the models' decoding
+# table of benchmarks/decode_models.py), then the kernel checks against the PyTorch
 # path (tests/kernel_checks.py). Reports go to benchmarks/results/<device>.md and
 # <device>_profile.md (<device>: h100, h200, ... from the GPU's name; $OUT/... when $OUT is set:
 # the device tool's folder that comes back). Each stage has its own time cap; under 8 minutes.
@@ -12,7 +13,10 @@
 #   bash benchmarks/gpu_check.sh --dry-run   # the profile and benchmark steps on CPU, tiny, interpreted
 #
 # It needs only torch and triton: idmix runs from the checkout (PYTHONPATH), with the
-# kernels package reachable as idmix_kernels through a link, so nothing is installed.
+# kernels package reachable as idmix_kernels through a link, so nothing is installed. The
+# models' decoding table also needs torchtune and tensordict (and what they import); the GPU
+# image has neither, so without wheels carried in .whl/ (installed to a temporary folder below)
+# that table says "not run" with the missing module.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -22,6 +26,10 @@ shim=$(mktemp -d)
 ln -s "$root/kernels" "$shim/idmix_kernels"
 export PYTHONPATH="$root:$shim${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
+if [[ -d .whl && "${1:-}" != "--dry-run" ]]; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
 start=$(date +%s)
 if [[ "${1:-}" == "--dry-run" ]]; then
     "$py" benchmarks/profile_gpu.py --dry-run --markdown "$out/dry_run_profile.md"
@@ -40,15 +48,16 @@ PY
 echo "$name" | head -1
 device=$(echo "$name" | tail -1)
 set +e
-timeout "${PROFILE_SECONDS:-90}" "$py" benchmarks/profile_gpu.py \
+timeout "${PROFILE_SECONDS:-75}" "$py" benchmarks/profile_gpu.py \
     --markdown "$out/${device}_profile.md" 2>&1 | tee "$out/profile_gpu.txt"
 profiled=${PIPESTATUS[0]}
 echo "profile: exit $profiled after $(( $(date +%s) - start )) s"
-timeout "${BENCH_SECONDS:-150}" "$py" benchmarks/bench_gpu.py --markdown "$out/$device.md" 2>&1 \
+timeout "${BENCH_SECONDS:-230}" "$py" benchmarks/bench_gpu.py --markdown "$out/$device.md" \
+    --models-seconds "${MODELS_SECONDS:-80}" 2>&1 \
     | tee "$out/bench_gpu.txt"
 bench=${PIPESTATUS[0]}
 echo "benchmark: exit $bench after $(( $(date +%s) - start )) s"
-timeout "${CHECKS_SECONDS:-200}" "$py" tests/kernel_checks.py cuda --keep-going 2>&1 \
+timeout "${CHECKS_SECONDS:-150}" "$py" tests/kernel_checks.py cuda --keep-going 2>&1 \
     | tee "$out/gpu_tests.txt"
 tests=${PIPESTATUS[0]}
 set -e

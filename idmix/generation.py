@@ -73,14 +73,21 @@ def prefill_logits(model, tokens, mask, input_pos) -> torch.Tensor:
 
 
 def prefill(
-    model, prompts: list[list[int]], max_new_tokens: int, stop_tokens=(), pad_id: int = 0
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    stop_tokens=(),
+    pad_id: int = 0,
+    chunk: int | None = None,
 ) -> tuple[DecodeBuffers, torch.Tensor]:
     """Set up and fill the model's caches with the prompts (checked, as ``generate`` takes them),
-    left-padded to P tokens with positions restarting at each row's first real token. Returns
+    left-padded to P tokens with positions restarting at each row's first real token; in
+    pieces of ``chunk`` positions if given (bounding the (B, chunk, S) attention mask). Returns
     the buffers of the decode steps to come (mask columns S = P + max_new_tokens) and the
     logits (B, V) of each row's last prompt token."""
     device = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
+    S = P + max_new_tokens
     tokens = torch.full((B, P), pad_id, dtype=torch.long, device=device)
     real = torch.zeros(B, P, dtype=torch.bool, device=device)
     for i, p in enumerate(prompts):
@@ -88,11 +95,14 @@ def prefill(
         real[i, P - len(p) :] = True
     pos = (real.long().cumsum(1) - 1).clamp_min(0)
     keys = torch.cat([real, torch.ones(B, max_new_tokens, dtype=torch.bool, device=device)], 1)
-    causal = torch.ones(P, P + max_new_tokens, dtype=torch.bool, device=device).tril()
+    columns = torch.arange(S, device=device)
     dtype = next(model.parameters()).dtype
-    model.setup_caches(batch_size=B, dtype=dtype, decoder_max_seq_len=P + max_new_tokens)
+    model.setup_caches(batch_size=B, dtype=dtype, decoder_max_seq_len=S)
     model.reset_caches()
-    logits = prefill_logits(model, tokens, causal[None] & keys[:, None], pos)
+    for start in range(0, P, chunk or P):
+        rows = torch.arange(start, min(start + (chunk or P), P), device=device)
+        mask = (columns[None, :] <= rows[:, None])[None] & keys[:, None]  # (B, rows, S)
+        logits = prefill_logits(model, tokens[:, rows], mask, pos[:, rows])
     return DecodeBuffers.create(keys, pos[:, -1] + 1, max_new_tokens, stop_tokens, pad_id), logits
 
 

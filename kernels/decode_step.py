@@ -10,9 +10,9 @@ the same way (docs/design.md §3). Accumulation in fp32.
 
 Blocked so that no tile outgrows a few registers per thread at any R, D, M: phase 1 walks the
 key state in mode blocks (update, then p for those modes, written to a (B, H, 2M) scratch row
-that stays in L1/L2); after a barrier (or the next launch), phase 2 walks w's modes in blocks: the block's rows of Ĝ
-times p̂, then the value state's same modes (update, and their share of o). A matrix-vector
-step: fp32 multiply-adds, bound by reading the state and Ĝ, no tensor-core work.
+that stays in L1/L2); after a barrier (or the next launch), phase 2 walks w's modes in blocks:
+the block's rows of Ĝ times p̂, then the value state's same modes (update, and their share of
+o). A matrix-vector step: fp32 multiply-adds, bound by reading the state and Ĝ, no tensor-core work.
 No autotuning: the kernel writes its inputs in place (a retried config would see mutated state).
 """
 

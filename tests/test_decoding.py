@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from idmix import cache_nbytes, generate, models, release_caches, sample_next
+from idmix.generation import prefill
 from idmix.modules import RecurrentCache
 
 # name: (mixer, options); "interdomain_options" takes every non-default path of the layer
@@ -66,6 +67,20 @@ def test_chunked_prefill_equals_one_shot(tiny, mixer):
     one = run_cached(m, tokens, [70], 80)
     pieces = run_cached(m, tokens, [23, 5, 40, 2], 80)
     torch.testing.assert_close(pieces, one, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mixer", ["interdomain", "softmax"])
+def test_prefill_in_pieces_equals_whole_with_ragged_prompts(tiny, mixer):
+    """generation.prefill(chunk=…) over left-padded prompts: the last logits and the first new
+    position as in one piece (pieces of 4 leave a ragged last one of 1)."""
+    m = tiny[mixer]
+    prompts = [torch.randint(1, 4096, (n,)).tolist() for n in (13, 6)]
+    with torch.no_grad():
+        whole, want = prefill(m, prompts, 3)
+        pieces, got = prefill(m, prompts, 3, chunk=4)
+    release_caches(m)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+    assert torch.equal(pieces.pos, whole.pos) and torch.equal(pieces.keys, whole.keys)
 
 
 @pytest.mark.parametrize("mixer", MIXERS)

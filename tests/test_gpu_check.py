@@ -21,8 +21,10 @@ def test_gpu_check_dry_run_writes_the_report(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = (tmp_path / "dry_run.md").read_text()
-    for heading in ("## Training path", "## Decode step", "## Autotune choices"):
+    for heading in ("## Training path", "## Decode step", "## Models decoding", "## Autotune"):
         assert heading in report
+    for model in ("interdomain_tiny", "softmax_tiny"):  # the models table's dry-run stand-ins
+        assert f"| {model} | 2 | 24 |" in report
     assert "| 128 | 1 |" in report  # the dry run's one length, one row
     profile = (tmp_path / "dry_run_profile.md").read_text()
     for heading in ("## Forward+backward, T = 128, B = 1", "## Decode step"):
