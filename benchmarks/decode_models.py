@@ -8,6 +8,7 @@ cuts are listed as not reached. The target cells (B = 1 at 2K and 32K) come firs
 
 from __future__ import annotations
 
+import importlib.util
 import time
 
 import torch
@@ -24,7 +25,11 @@ HEADER = [
 
 
 def build(name: str, device: str):
-    """The named paper builder (bf16 on CUDA), or on CPU its tiny stand-in (fp32)."""
+    """The named paper builder (bf16 on CUDA), or on CPU its tiny stand-in (fp32). Where the
+    recipes hook's start-up file did not run (the GPU image: wheels from gpu_wheels.sh), its
+    torchtune/torchao shim is imported here, before torchtune."""
+    if importlib.util.find_spec("_idmix_torchtune_compat") is not None:
+        import _idmix_torchtune_compat  # noqa: F401
     from idmix import models
 
     if device == "cpu":
@@ -80,7 +85,7 @@ def model_rows(device: str, deadline: float, cells=CELLS, new_tokens=NEW_TOKENS,
     mode = "graphed" if device == "cuda" else "eager"
     try:
         built = {name: build(name, device) for name in MODELS}
-    except ModuleNotFoundError as missing:  # the models need torchtune and tensordict
+    except ImportError as missing:  # the models need torchtune and tensordict
         return [[name, "", "", f"not run: {missing}", *[""] * 6] for name in MODELS]
     rows = []
     for B, ctx in cells:

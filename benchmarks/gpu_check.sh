@@ -15,8 +15,9 @@
 # It needs only torch and triton: idmix runs from the checkout (PYTHONPATH), with the
 # kernels package reachable as idmix_kernels through a link, so nothing is installed. The
 # models' decoding table also needs torchtune and tensordict (and what they import); the GPU
-# image has neither, so without wheels carried in .whl/ (installed to a temporary folder below)
-# that table says "not run" with the missing module.
+# image has neither: `bash benchmarks/gpu_wheels.sh` here writes them to .whl/, which the device
+# call carries and this script installs to a temporary folder (with the torchtune/torchao shim
+# of tools/recipes-hook on the path); without them that table says "not run" and why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -28,7 +29,8 @@ export PYTHONPATH="$root:$shim${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 if [[ -d .whl && "${1:-}" != "--dry-run" ]]; then
     "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+        --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH="$PYTHONPATH:/tmp/site:$root/tools/recipes-hook"
 fi
 start=$(date +%s)
 if [[ "${1:-}" == "--dry-run" ]]; then
