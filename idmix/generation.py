@@ -85,8 +85,15 @@ def prefill(
     pieces of ``chunk`` positions if given (bounding the (B, chunk, S) attention mask). Returns
     the buffers of the decode steps to come (mask columns S = P + max_new_tokens) and the
     logits (B, V) of each row's last prompt token."""
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"chunk: expected None or an int >= 1, got {chunk!r}")
     device = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
+    if P > model.max_seq_len:  # what TransformerDecoder.forward refuses, which this bypasses
+        raise ValueError(
+            f"prompts: the longest has {P} tokens, over the model's max_seq_len = "
+            f"{model.max_seq_len}"
+        )
     S = P + max_new_tokens
     tokens = torch.full((B, P), pad_id, dtype=torch.long, device=device)
     real = torch.zeros(B, P, dtype=torch.bool, device=device)
@@ -176,11 +183,15 @@ def _seeded_device_rng(generator, device: torch.device):
         return contextlib.nullcontext()
     seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
     rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
-    return _then_seed(rng, seed)
+    return _then_seed(rng, seed, device)
 
 
 @contextlib.contextmanager
-def _then_seed(rng, seed: int):
+def _then_seed(rng, seed: int, device: torch.device):
+    """Inside rng (which restores the CPU's and device's generators), seed exactly those."""
     with rng:
-        torch.manual_seed(seed)
+        torch.random.default_generator.manual_seed(seed)
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)
         yield

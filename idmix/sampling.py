@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from .debug import check_values
+
 
 def check_sampling(temperature, top_k, top_p) -> None:
     """temperature a finite number >= 0; top_k None or an int >= 1; top_p None or in (0, 1]."""
@@ -33,8 +35,12 @@ def sample_next(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """logits: (B, V) -> next tokens (B,) int64, on logits' device. temperature 0 is greedy.
-    generator: the source of the draw (None: the device's default generator)."""
+    generator: the source of the draw (None: the device's default generator). NaN or +inf logits
+    are refused where ``idmix.debug.check_values`` allows a host read (eager on CPU, or
+    IDMIX_DEBUG=1); elsewhere the draw does not look."""
     check_sampling(temperature, top_k, top_p)
+    if check_values(logits) and bool((logits.isnan() | logits.isposinf()).any()):
+        raise ValueError("logits: NaN or +inf (-inf, a banned token, is allowed)")
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature

@@ -141,8 +141,8 @@ def decode_step_triton(
     K, V = state[:, :, :R], state[:, :, R:]
     lam_ri, beta_ri = (x.float().contiguous() for x in (lam_ri, beta_ri))
     G = G_hat.float().contiguous()
-    blocks = mode_blocks(B * H, M, target_programs(q.device))
-    modes = triton.cdiv(M, blocks)
+    modes = triton.cdiv(M, mode_blocks(B * H, M, target_programs(q.device)))
+    blocks = triton.cdiv(M, modes)  # none left empty
     o = torch.empty(B * H, blocks, D, dtype=torch.float32, device=q.device)  # shares per block
     p = torch.empty(B * H, 2 * M, dtype=torch.float32, device=q.device)  # p̂ scratch rows
     BR, BD = triton.next_power_of_2(R), triton.next_power_of_2(D)

@@ -541,36 +541,36 @@ def check_decode_mode_blocks(device: str) -> None:
     """The small-batch step split by modes (kernels/decode_step.py: a key launch and a value
     launch over (B·H, blocks), shares of o summed) equals the torch step, and the one-program
     step, over three tokens: o and the state, ragged blocks (M = 33: 5 blocks of 7; M = 20:
-    3 of 7)."""
+    3 of 7), blocks walked in several tiles (R = 256: 4 modes a key tile, 7 to walk; 2M = 66
+    and 40: 4 modes a value tile)."""
+    from unittest import mock
+
     import idmix_kernels.decode_step as step_kernel
-    import idmix_kernels.scan_splits as splits
 
     from idmix.functional import interdomain_decode_step_real
     from idmix.functional.interdomain.realform import state_to_interleaved
 
-    for B, H, R, D, M, blocks in ((1, 3, 16, 8, 33, 5), (2, 2, 5, 7, 20, 3)):
+    cases = ((1, 3, 16, 8, 33, 5), (2, 2, 5, 7, 20, 3), (1, 1, 256, 4, 20, 3))
+    for B, H, R, D, M, blocks in cases:
         assert step_kernel.mode_blocks(B * H, M, 2**30) == blocks
         p = make_problem(B=B, T=3, H=H, R=R, D=D, M=M, dtype=torch.float32)
         G = readout_gram(p["C"]).to(device)
         lam, beta = (torch.view_as_real(p[n]).to(device) for n in ("lam", "beta"))
         Z0 = state_to_interleaved(*p["initial_state"]).to(device)
-        states = {"torch": Z0.clone(), 0: Z0.clone(), 2**30: Z0.clone()}
-        saved = splits.OFF_GPU_TARGET_PROGRAMS
-        try:
-            for t in range(3):
-                q, k, v = (p[n][:, t].to(device) for n in ("q", "k", "v"))
-                outs = {}
-                for key, Z in states.items():
-                    backend = "torch" if key == "torch" else "triton"
-                    if key != "torch" and device == "cpu":
-                        splits.OFF_GPU_TARGET_PROGRAMS = key
-                    outs[key] = interdomain_decode_step_real(q, k, v, lam, beta, G, Z, backend)
-                for key in (0, 2**30):
-                    where = f"{B, H, R, D, M} target {key} t={t}"
-                    assert_rel(outs[key], outs["torch"], 1e-5, f"o {where}")
-                    assert_rel(states[key], states["torch"], 1e-5, f"state {where}")
-        finally:
-            splits.OFF_GPU_TARGET_PROGRAMS = saved
+        states = {"torch": Z0.clone(), 0: Z0.clone(), 2**30: Z0.clone()}  # by target programs
+        for t in range(3):
+            q, k, v = (p[n][:, t].to(device) for n in ("q", "k", "v"))
+            outs = {"torch": interdomain_decode_step_real(
+                q, k, v, lam, beta, G, states["torch"], backend="torch"
+            )}  # fmt: skip
+            for target in (0, 2**30):
+                with mock.patch.object(step_kernel, "target_programs", lambda _, n=target: n):
+                    outs[target] = interdomain_decode_step_real(
+                        q, k, v, lam, beta, G, states[target], backend="triton"
+                    )
+                where = f"{B, H, R, D, M} target {target} t={t}"
+                assert_rel(outs[target], outs["torch"], 1e-5, f"o {where}")
+                assert_rel(states[target], states["torch"], 1e-5, f"state {where}")
 
 
 SELECTIVE_CASES = [  # B, T, H, R, D, M, L, Δ range, {row: sequence starts}

@@ -3,6 +3,8 @@ packed documents, bf16 autocast, constant cache memory, sampling."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 import torch
 
@@ -71,16 +73,37 @@ def test_chunked_prefill_equals_one_shot(tiny, mixer):
 
 @pytest.mark.parametrize("mixer", ["interdomain", "softmax"])
 def test_prefill_in_pieces_equals_whole_with_ragged_prompts(tiny, mixer):
-    """generation.prefill(chunk=…) over left-padded prompts: the last logits and the first new
-    position as in one piece (pieces of 4 leave a ragged last one of 1)."""
+    """generation.prefill(chunk=…) over left-padded prompts: the last logits and every layer's
+    cache as in one piece (pieces of 4 leave a ragged last one of 1); chunk and prompt length
+    checked by name."""
     m = tiny[mixer]
     prompts = [torch.randint(1, 4096, (n,)).tolist() for n in (13, 6)]
+
+    def caches():
+        return [
+            {
+                f.name: getattr(layer.attn.kv_cache, f.name).clone()
+                for f in fields(layer.attn.kv_cache)
+            }
+            for layer in m.layers
+        ]
+
     with torch.no_grad():
-        whole, want = prefill(m, prompts, 3)
-        pieces, got = prefill(m, prompts, 3, chunk=4)
+        _, want = prefill(m, prompts, 3)
+        whole = caches()
+        _, got = prefill(m, prompts, 3, chunk=4)
+        pieces = caches()
+        with pytest.raises(ValueError, match="chunk: expected None or an int >= 1"):
+            prefill(m, prompts, 3, chunk=0)
+        with pytest.raises(ValueError, match="prompts: the longest has 3000 tokens"):
+            prefill(m, [[1] * 3000], 3)
     release_caches(m)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
-    assert torch.equal(pieces.pos, whole.pos) and torch.equal(pieces.keys, whole.keys)
+    for layer, (a, b) in enumerate(zip(pieces, whole, strict=True)):
+        for name in a:
+            torch.testing.assert_close(
+                a[name], b[name], atol=2e-4, rtol=1e-4, msg=f"{layer}.{name}"
+            )
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -154,6 +177,11 @@ def test_sampling_controls(tiny):
     assert draws == {1, 3}
     with pytest.raises(ValueError, match="top_p"):
         sample_next(logits, 1.0, top_p=1.5)
+    banned = torch.tensor([[0.0, 3.0, float("-inf"), 2.0]])  # -inf: a banned token, allowed
+    assert 2 not in {sample_next(banned, 1.0, generator=g).item() for _ in range(50)}
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"logits: NaN or \+inf"):
+            sample_next(torch.tensor([[0.0, bad]]), 0)
     m = tiny["interdomain"]
     prompt = torch.randint(1, 4096, (8,)).tolist()
     greedy = generate(m, [prompt], 5, temperature=0)[0]
