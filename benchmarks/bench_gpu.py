@@ -154,15 +154,10 @@ def graphed(fn, device):
     with no host work but the replay itself. On CPU fn itself (no graphs there)."""
     if device != "cuda":
         return fn
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    from idmix.static_decode import capture, on_side_stream
+
+    on_side_stream(fn)
+    return capture(fn).replay
 
 
 @torch.no_grad()

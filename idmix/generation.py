@@ -106,8 +106,9 @@ def prefill(
     dtype = next(model.parameters()).dtype
     model.setup_caches(batch_size=B, dtype=dtype, decoder_max_seq_len=S)
     model.reset_caches()
-    for start in range(0, P, chunk or P):
-        rows = torch.arange(start, min(start + (chunk or P), P), device=device)
+    piece = chunk or P
+    for start in range(0, P, piece):
+        rows = torch.arange(start, min(start + piece, P), device=device)
         mask = (columns[None, :] <= rows[:, None])[None] & keys[:, None]  # (B, rows, S)
         logits = prefill_logits(model, tokens[:, rows], mask, pos[:, rows])
     return DecodeBuffers.create(keys, pos[:, -1] + 1, max_new_tokens, stop_tokens, pad_id), logits

@@ -118,25 +118,32 @@ class StepRunner:
             decode_step(self.model, self.buf, *self.sampling, self.generator)
         elif self.mode == "compiled":
             self._compiled()
-        elif self.steps < WARMUP_STEPS:  # on a side stream, as CUDA graph capture asks
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._compiled()
-            torch.cuda.current_stream().wait_stream(side)
+        elif self.steps < WARMUP_STEPS:
+            on_side_stream(self._compiled)
         else:
             if self.graph is None:
-                self.graph = self._capture()
+                self.graph = capture(self._compiled)
             self.graph.replay()
         self.steps += 1
 
     def _compiled(self) -> None:
         compiled_decode_step()(self.model, self.buf, *self.sampling)
 
-    def _capture(self) -> torch.cuda.CUDAGraph:
-        """Record one compiled step (recording runs nothing: the caller replays it)."""
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._compiled()
-        return graph
+
+def on_side_stream(fn) -> None:
+    """fn() on a side stream, ordered with the current one: how a CUDA graph's warm-up runs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def capture(fn) -> torch.cuda.CUDAGraph:
+    """fn recorded as a CUDA graph (recording runs nothing: replay it to run it). Warm fn up
+    first (``on_side_stream``): its compiles and workspaces cannot happen inside a capture."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph

@@ -75,7 +75,8 @@ def test_chunked_prefill_equals_one_shot(tiny, mixer):
 def test_prefill_in_pieces_equals_whole_with_ragged_prompts(tiny, mixer):
     """generation.prefill(chunk=…) over left-padded prompts: the last logits and every layer's
     cache as in one piece (pieces of 4 leave a ragged last one of 1); chunk and prompt length
-    checked by name."""
+    checked by name. Measured: at most 7.2e-7 absolute over three seeds (logits and caches, both
+    mixers); the bound is 7x that."""
     m = tiny[mixer]
     prompts = [torch.randint(1, 4096, (n,)).tolist() for n in (13, 6)]
 
@@ -98,11 +99,11 @@ def test_prefill_in_pieces_equals_whole_with_ragged_prompts(tiny, mixer):
         with pytest.raises(ValueError, match="prompts: the longest has 3000 tokens"):
             prefill(m, [[1] * 3000], 3)
     release_caches(m)
-    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(got, want, atol=5e-6, rtol=1e-5)
     for layer, (a, b) in enumerate(zip(pieces, whole, strict=True)):
         for name in a:
             torch.testing.assert_close(
-                a[name], b[name], atol=2e-4, rtol=1e-4, msg=f"{layer}.{name}"
+                a[name], b[name], atol=5e-6, rtol=1e-5, msg=f"{layer}.{name}"
             )
 
 
