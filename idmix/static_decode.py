@@ -78,25 +78,31 @@ def emit(buf: DecodeBuffers, logits, temperature, top_k, top_p, generator=None) 
     buf.index.add_(1)
 
 
+def step_logits(model, token, pos, keys, columns, column) -> torch.Tensor:
+    """One token through the model (its caches advance in place): token, pos (B, 1); keys (B, S)
+    bool; columns (S,) 0..S-1; column () the token's mask column -> logits (B, V)."""
+    row = keys & (columns <= column)  # (B, S): causal, never to padding
+    return model(token, mask=row[:, None], input_pos=pos)[:, -1]
+
+
 def decode_step(model, buf: DecodeBuffers, temperature, top_k, top_p, generator=None) -> None:
     """Feed buf.token through the model (its caches advance in place) and emit the next one."""
-    row = buf.keys & (buf.columns <= buf.column)  # (B, S): causal, never to padding
-    logits = model(buf.token, mask=row[:, None], input_pos=buf.pos)[:, -1]
+    logits = step_logits(model, buf.token, buf.pos, buf.keys, buf.columns, buf.column)
     buf.pos.add_(1)
     buf.column.add_(1)
     emit(buf, logits, temperature, top_k, top_p, generator)
 
 
-_compiled_step = None
+_compiled: dict = {}
 
 
-def compiled_decode_step():
-    """decode_step under ``torch.compile(fullgraph=True, dynamic=False)``: one compile per
-    (model, shapes, sampling settings), shared by every generation that meets them."""
-    global _compiled_step
-    if _compiled_step is None:
-        _compiled_step = torch.compile(decode_step, fullgraph=True, dynamic=False)
-    return _compiled_step
+def compiled(step):
+    """step (decode_step or step_logits) under ``torch.compile(fullgraph=True, dynamic=False)``:
+    one compile per (model, shapes, sampling settings), shared by every generation that meets
+    them."""
+    if step not in _compiled:
+        _compiled[step] = torch.compile(step, fullgraph=True, dynamic=False)
+    return _compiled[step]
 
 
 class StepRunner:
@@ -127,7 +133,7 @@ class StepRunner:
         self.steps += 1
 
     def _compiled(self) -> None:
-        compiled_decode_step()(self.model, self.buf, *self.sampling)
+        compiled(decode_step)(self.model, self.buf, *self.sampling)
 
 
 def on_side_stream(fn) -> None:

@@ -32,15 +32,29 @@ NO_ROLLBACK = (
 class IdmixCache(Cache):
     """The state of batch_size rows of ``model`` (an idmix ``TransformerDecoder``) after
     ``seen`` positions (padding included; equal across rows). capacity: positions the softmax
-    layers' KV caches hold before they grow (they double, copying what they hold)."""
+    layers' KV caches hold before they grow (they double, copying what they hold).
 
-    def __init__(self, model, batch_size: int, capacity: int = 1):
+    static=True: nothing is ever reallocated (the KV caches hold capacity positions and refuse
+    more; beams reorder rows in place), and ``keys`` (B, capacity) bool records which positions
+    hold tokens. ``generate`` then compiles the one-token step and, on CUDA, replays it as a CUDA
+    graph (``idmix.hf.static_step``): ``model.generate(ids, cache=IdmixCache(model.model, B,
+    prompt_len + max_new_tokens, static=True))``."""
+
+    def __init__(self, model, batch_size: int, capacity: int = 1, *, static: bool = False):
         super().__init__(layers=[])
-        dtype = next(model.parameters()).dtype
-        model.setup_caches(batch_size=batch_size, dtype=dtype, decoder_max_seq_len=capacity)
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity: expected an int >= 1, got {capacity!r}")
+        param = next(model.parameters())
+        model.setup_caches(batch_size=batch_size, dtype=param.dtype, decoder_max_seq_len=capacity)
         self.layers = [layer.attn.kv_cache for layer in model.layers]
         release_caches(model)
-        self.rows, self.seen, self.capacity = batch_size, 0, capacity
+        self.rows, self.seen, self.capacity, self.static = batch_size, 0, capacity, static
+        self.keys = (
+            torch.zeros(batch_size, capacity, dtype=torch.bool, device=param.device)
+            if static
+            else None
+        )
+        self.step = None  # the static decode step bound to this cache (idmix.hf.static_step)
 
     # what the model calls ------------------------------------------------------------------
     def make_room(self, new: int) -> None:
@@ -48,6 +62,12 @@ class IdmixCache(Cache):
         need = self.seen + new
         if need <= self.capacity:
             return
+        if self.static:
+            raise ValueError(
+                f"cache: a static IdmixCache holds {self.capacity} positions; {self.seen} seen "
+                f"and {new} new do not fit (make it with capacity >= the prompt's length plus "
+                "max_new_tokens)"
+            )
         size = max(need, 2 * self.capacity)
         for i, old in enumerate(self.layers):
             if isinstance(old, KVCache):
@@ -58,6 +78,15 @@ class IdmixCache(Cache):
                 grown.length.copy_(old.length)
                 self.layers[i] = grown
         self.capacity = size
+
+    def check_rows(self, B: int) -> None:
+        """A forward's B input rows are the cache's rows."""
+        if B != self.rows:
+            raise ValueError(
+                f"input_ids: {B} rows, but the cache holds {self.rows} (generate's num_beams "
+                "and num_return_sequences multiply the prompts' rows: make the cache with "
+                "batch_size = rows x beams x sequences)"
+            )
 
     @contextmanager
     def installed(self, model):
@@ -86,7 +115,7 @@ class IdmixCache(Cache):
 
     @property
     def is_compileable(self) -> bool:
-        return False
+        return self.static
 
     @property
     def is_croppable(self) -> bool:
@@ -109,11 +138,25 @@ class IdmixCache(Cache):
     def reset(self) -> None:
         for state in self.layers:
             state.zero_()
+        if self.static:
+            self.keys.zero_()
         self.seen = 0
 
     def _rows(self, index: torch.Tensor) -> None:
-        self.layers = [state[index.to(state.device)] for state in self.layers]
-        self.rows = int(index.numel())
+        if not self.static:
+            self.layers = [state[index.to(state.device)] for state in self.layers]
+            self.rows = int(index.numel())
+            return
+        if index.numel() != self.rows:
+            raise ValueError(
+                f"cache: a static IdmixCache keeps its {self.rows} rows at fixed addresses, so "
+                f"it cannot become {index.numel()} rows (num_beams or num_return_sequences > 1 "
+                "expand the batch): make it with batch_size = the expanded batch, or use "
+                "static=False"
+            )
+        for state in self.layers:
+            state.update_(state[index.to(state.device)])
+        self.keys.copy_(self.keys[index.to(self.keys.device)])
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._rows(beam_idx)

@@ -17,6 +17,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .cache import IdmixCache
 from .configuration import IdmixConfig
+from .positions import token_keys, token_positions
+from .static_step import StaticDecodeCall
 from .weights import check_weights
 
 
@@ -125,20 +127,21 @@ class IdmixForCausalLM(PreTrainedModel, GenerationMixin):
         if attention_mask is None and position_ids is None:
             return self.model(input_ids)
         T = input_ids.shape[1]
-        keys = _keys(attention_mask, input_ids, 0)
-        pos = _positions(position_ids, keys, T)
+        keys = token_keys(attention_mask, input_ids, 0)
+        pos = token_positions(position_ids, keys, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()
         mask = None if attention_mask is None else causal[None] & keys[:, None, :]
         return self.model(input_ids, mask=mask, input_pos=pos)
 
     def _forward_cached(self, input_ids, attention_mask, position_ids, cache: IdmixCache):
         B, T = input_ids.shape
-        if B != cache.batch_size:
-            raise ValueError(f"input_ids: {B} rows, but the cache holds {cache.batch_size}")
+        cache.check_rows(B)
         past = cache.seen
-        keys = _keys(attention_mask, input_ids, past)
-        pos = _positions(position_ids, keys, T)
+        keys = token_keys(attention_mask, input_ids, past)
+        pos = token_positions(position_ids, keys, T)
         cache.make_room(T)
+        if cache.static:
+            cache.keys[:, : past + T] = keys
         S = cache.capacity
         cols = torch.arange(S, device=input_ids.device)
         rows = past + torch.arange(T, device=input_ids.device)
@@ -148,6 +151,16 @@ class IdmixForCausalLM(PreTrainedModel, GenerationMixin):
             logits = self.model(input_ids, mask=mask, input_pos=pos)
         cache.seen += T
         return logits
+
+    def create_masks_for_generate(self, attention_mask=None, **_):
+        """The (B, past + T) mask as given: forward builds its own masks (transformers would
+        build 4-d ones for a compileable cache)."""
+        return attention_mask
+
+    def get_compiled_call(self, compile_config=None):
+        """What ``generate`` calls per token when the cache is compileable (a static
+        ``IdmixCache``): the compiled, on CUDA graphed, one-token step (``static_step``)."""
+        return StaticDecodeCall(self, compile_config)
 
     # saving and loading ---------------------------------------------------------------------
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
@@ -180,24 +193,3 @@ class IdmixForCausalLM(PreTrainedModel, GenerationMixin):
                 config = IdmixConfig.from_pretrained(path)
             check_weights(path, config)
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-
-
-def _keys(attention_mask, input_ids, past: int) -> torch.Tensor:
-    """(B, past + T) bool: which positions hold tokens (attention_mask, or all)."""
-    B, T = input_ids.shape
-    if attention_mask is None:
-        return torch.ones(B, past + T, dtype=torch.bool, device=input_ids.device)
-    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (B, past + T):
-        raise ValueError(
-            f"attention_mask: expected ({B}, {past + T}) (the cache's {past} positions and "
-            f"{T} new ones; 2-d), got {tuple(attention_mask.shape)}"
-        )
-    return attention_mask.to(device=input_ids.device, dtype=torch.bool)
-
-
-def _positions(position_ids, keys: torch.Tensor, T: int) -> torch.Tensor:
-    """(B, T) positions: position_ids, else counted over the tokens (0 on padding and on each
-    row's first token: a document start)."""
-    if position_ids is not None:
-        return position_ids[:, -T:].to(keys.device)
-    return (keys.long().cumsum(-1) - 1).clamp_min(0)[:, -T:]
