@@ -23,6 +23,30 @@ from common import interleaved_medians, print_table  # noqa: E402
 from idmix.hf import IdmixCache, IdmixConfig, IdmixForCausalLM  # noqa: E402
 
 
+def mixer_row(mixer: str, prompt: int, new: int, reps: int, compile_config) -> list[str]:
+    """[mixer, default tok/s, static tok/s, ratio] for the tiny model with that mixer."""
+    torch.manual_seed(0)
+    config = IdmixConfig(builder="interdomain_tiny", overrides={"mixer": mixer})
+    model = IdmixForCausalLM(config).eval()
+    ids = torch.randint(1, config.vocab_size, (1, prompt))
+    outputs = {}
+
+    def call(name: str) -> None:
+        extra = {}
+        if name == "static":
+            cache = IdmixCache(model.model, 1, prompt + new, static=True)
+            extra = {"cache": cache, "compile_config": compile_config}
+        outputs[name] = model.generate(
+            ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, **extra
+        )
+
+    seconds = interleaved_medians({n: (lambda n=n: call(n)) for n in ("default", "static")}, reps)
+    if not torch.equal(outputs["default"], outputs["static"]):
+        raise SystemExit(f"{mixer}: the static cache's tokens differ from the default's")
+    default, static = new / seconds["default"], new / seconds["static"]
+    return [mixer, f"{default:.0f}", f"{static:.0f}", f"{static / default:.2f}×"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt", type=int, default=256)
@@ -34,30 +58,10 @@ def main() -> None:
 
     compile_config = CompileConfig()
     compile_config._compile_all_devices = True  # transformers compiles on accelerators only
-    rows = []
-    for mixer in ("interdomain", "softmax"):
-        torch.manual_seed(0)
-        config = IdmixConfig(builder="interdomain_tiny", overrides={"mixer": mixer})
-        model = IdmixForCausalLM(config).eval()
-        ids = torch.randint(1, config.vocab_size, (1, args.prompt))
-        outputs = {}
-
-        def call(name):
-            extra = {}
-            if name == "static":
-                cache = IdmixCache(model.model, 1, args.prompt + args.new, static=True)
-                extra = {"cache": cache, "compile_config": compile_config}
-            outputs[name] = model.generate(ids, max_new_tokens=args.new,
-                                           min_new_tokens=args.new, do_sample=False, **extra)  # fmt: skip
-
-        seconds = interleaved_medians(
-            {name: (lambda name=name: call(name)) for name in ("default", "static")}, args.reps
-        )
-        if not torch.equal(outputs["default"], outputs["static"]):
-            raise SystemExit(f"{mixer}: the static cache's tokens differ from the default's")
-        tok_s = {name: args.new / s for name, s in seconds.items()}
-        rows.append([mixer, f"{tok_s['default']:.0f}", f"{tok_s['static']:.0f}",
-                     f"{tok_s['static'] / tok_s['default']:.2f}×"])  # fmt: skip
+    rows = [
+        mixer_row(mixer, args.prompt, args.new, args.reps, compile_config)
+        for mixer in ("interdomain", "softmax")
+    ]
     print_table(
         f"HF generate, tiny models, B = 1, prompt {args.prompt}, {args.new} new tokens (tok/s)",
         ["mixer", "default cache", "static cache, compiled", "static / default"],
