@@ -13,6 +13,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from idmix.training.callbacks import Callback
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "recipes" / "configs"
 TUNE = str(Path(sys.executable).with_name("tune"))
@@ -137,6 +139,12 @@ def build_recipe(tmp_path, *overrides):
         (["hf_export=0"], "hf_export: expected true or false, got 0"),
         (["tokenizer._component_=[a,b]"], "tokenizer._component_: expected a dotted name"),
         (["metric_loggers=[{_component_: 3}]"], "metric_loggers[0]._component_: expected a"),
+        (["callbacks=3"], "callbacks: expected a list of {_component_: ...} nodes, got 3"),
+        (["callbacks=[{every: 1}]"], "callbacks[0]: expected a node with a _component_"),
+        (
+            ["callbacks=[{_component_: collections.OrderedDict}]"],
+            "callbacks[0]: collections.OrderedDict made a OrderedDict, expected an idmix",
+        ),
         (["overwrite=True", "resume_from_checkpoint=True"], "contradict each other"),
         (["global_batch_tokens=1000"], "global_batch_tokens=1000 is not a multiple"),
         (["dtype=fp8"], "dtype: expected one of"),
@@ -155,6 +163,34 @@ def test_bad_config_fails_before_training(tmp_path, overrides, message):
     with pytest.raises(ValueError) as err:
         build_recipe(tmp_path, *overrides)
     assert message in str(err.value)
+
+
+QUIET_TWO_STEPS = ["max_steps=2", "eval_every_n_steps=0", "hf_export=false"]
+
+
+class StepsSeen(Callback):
+    """Records the steps it is told of (a callback named in a config)."""
+
+    seen: list[int] = []
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def on_step_end(self, trainer, record: dict) -> None:
+        StepsSeen.seen.append((self.label, trainer.step))
+
+
+def test_callbacks_named_in_the_config_run(tmp_path):
+    from idmix.training.trainer import train
+
+    cfg = OmegaConf.merge(
+        OmegaConf.load(CONFIGS / "tiny_interdomain.yaml"),
+        OmegaConf.from_dotlist([f"output_dir={tmp_path / 'run'}", *QUICK, *QUIET_TWO_STEPS]),
+    )
+    cfg.callbacks = [{"_component_": "tests.test_recipe.StepsSeen", "label": "mine"}]
+    StepsSeen.seen.clear()
+    train(cfg)
+    assert StepsSeen.seen == [("mine", 1), ("mine", 2)]
 
 
 def test_bad_config_message_through_tune_run(tmp_path):

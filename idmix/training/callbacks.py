@@ -1,6 +1,7 @@
 """What the training loop tells the outside world, as callbacks: the progress bar and the metric
-loggers are two; a caller adds its own (``Trainer(cfg, callbacks=[…])``; the kill-9 tests
-install one that SIGKILLs the process at a chosen moment: ``tests/faults.py``).
+loggers are two; a caller adds its own (``Trainer(cfg, callbacks=[…])``, or the config's
+``callbacks:`` list of ``_component_`` nodes; the kill-9 tests install one that SIGKILLs the
+process at a chosen moment: ``tests/faults.py``).
 
 Events, in the order a step fires them (every method is optional; the base class's do nothing):
 

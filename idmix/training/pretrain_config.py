@@ -1,9 +1,10 @@
 """The pretraining config: its keys and the checks every setting passes before anything runs
-(``recipes/configs/tiny_*.yaml`` and ``paper_*.yaml``; README "Training")."""
+(``recipes/configs/tiny_*.yaml`` and ``paper_*.yaml``; docs/training.md)."""
 
 from __future__ import annotations
 
 import torch
+from omegaconf import DictConfig, ListConfig
 
 from .config_checks import (
     boolean,
@@ -23,7 +24,7 @@ KEYS = {
     "warmup_steps", "warmup_tokens", "min_lr", "optimizer", "clip_grad_norm", "compile",
     "enable_activation_checkpointing", "log_every_n_steps", "eval_every_n_steps",
     "eval_batches", "save_every_n_steps", "steps_this_run", "metric_loggers", "hf_export",
-    "context_parallel_size",
+    "context_parallel_size", "callbacks",
 }  # fmt: skip
 OPTIMIZER_KEYS = {"lr", "betas", "eps", "weight_decay", "ssm_lr_cap"}
 # the boolean keys and their value when absent (None: required); hf_export writes output_dir/hf/
@@ -47,6 +48,7 @@ def check_pretrain_config(cfg) -> None:
     for key, default in BOOLEANS.items():
         boolean(cfg, key, default=default)
     check_components(cfg)
+    check_callbacks(cfg)
     for key in ("seq_len", "batch_size", "log_every_n_steps", "eval_batches"):
         integer(cfg, key, 1)
     check_context_parallel(cfg)
@@ -68,6 +70,19 @@ def check_pretrain_config(cfg) -> None:
             high_open=True)  # fmt: skip
     number(cfg, "min_lr", 0, lr)
     number(cfg, "clip_grad_norm", 0, low_open=True, optional=True)
+
+
+def check_callbacks(cfg, where: str = "") -> None:
+    """callbacks (absent or null: none): a list of ``{_component_: dotted.name, ...}`` nodes,
+    each instantiated by the Trainer into an ``idmix.training.callbacks.Callback``."""
+    value = cfg.get("callbacks")
+    if value is None:
+        return
+    if not isinstance(value, ListConfig):
+        fail(f"{where}callbacks: expected a list of {{_component_: ...}} nodes, got {value!r}")
+    for i, node in enumerate(value):
+        if not isinstance(node, DictConfig) or "_component_" not in node:
+            fail(f"{where}callbacks[{i}]: expected a node with a _component_, got {node!r}")
 
 
 def check_context_parallel(cfg) -> None:
@@ -96,3 +111,4 @@ def check_training_section(section, set_per_run, where: str) -> None:
         if key not in set_per_run:
             boolean(section, key, prefix, default)
     check_components(section, prefix)
+    check_callbacks(section, prefix)

@@ -45,7 +45,7 @@ class Trainer:
     def __init__(self, cfg: DictConfig, callbacks: list[Callback] | tuple = ()):
         check_pretrain_config(cfg)
         self.cfg = cfg
-        self.callbacks = [ProgressBar(), *callbacks]
+        self.callbacks = [ProgressBar(), *callbacks, *_configured_callbacks(cfg)]
         self.world, self.rank, self.device = distributed.join(torch.device(cfg.device))
         self.distributed = self.world > 1
         cp = cfg.get("context_parallel_size") or 1
@@ -325,6 +325,20 @@ class Trainer:
         if self.claim is not None:
             self.claim.release()
         distributed.leave(self.world)
+
+
+def _configured_callbacks(cfg: DictConfig) -> list[Callback]:
+    """The config's ``callbacks:`` nodes, instantiated; each must make a Callback."""
+    made = []
+    for i, node in enumerate(cfg.get("callbacks") or []):
+        callback = config.instantiate(node)
+        if not isinstance(callback, Callback):
+            fail(
+                f"callbacks[{i}]: {node._component_} made a {type(callback).__name__}, expected "
+                "an idmix.training.callbacks.Callback"
+            )
+        made.append(callback)
+    return made
 
 
 def train(cfg: DictConfig, callbacks: list[Callback] | tuple = ()) -> Trainer:
