@@ -4,7 +4,7 @@
     tune run --nproc_per_node 2 recipes/pretrain_interdomain.py --config … [key=value …]
 
 The loop, checkpoints, logging and outputs are ``idmix.training.trainer`` (its docstring and
-the README's "Training" say what a run does); the config's keys and checks are
+docs/training.md say what a run does); the config's keys and checks are
 ``idmix.training.pretrain_config``.
 """
 

@@ -41,15 +41,26 @@ def test_core_imports_only_torch():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_readme_python_examples_run():
-    """Every ```python block of the README runs as written."""
-    import re
+def test_readme_and_docs_python_examples_run():
+    """Every ```python block of the README and of docs/ runs as written."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    ran = 0
+    for page in pages:
+        for code in re.findall(r"```python\n(.*?)```", page.read_text(), re.S):
+            exec(compile(code, str(page.relative_to(ROOT)), "exec"), {})
+            ran += 1
+    assert ran >= 3
 
+
+def test_readme_is_a_landing_page():
+    """The one-line description before the commands, at most 150 lines, and every relative
+    link pointing at a file of the repository."""
     readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
-    assert blocks
-    for code in blocks:
-        exec(compile(code, "README.md", "exec"), {})
+    assert len(readme.splitlines()) <= 150
+    assert readme.index("Interdomain Attention") < readme.index("```bash")
+    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
 
 
 def test_design_citations_point_into_the_repository():

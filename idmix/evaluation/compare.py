@@ -1,5 +1,5 @@
-"""The mixer comparison behind ``recipes/compare_mixers.py`` (its docstring and the README's
-"Comparing mixers" say what it measures): the config's checks, one pretraining run per mixer,
+"""The mixer comparison behind ``recipes/compare_mixers.py`` (its docstring and docs/studies.md
+say what it measures): the config's checks, one pretraining run per mixer,
 learning rate and seed (``idmix.training.trainer``; a finished run with the same config is
 reused, an unfinished one resumed), and each finished model's scores and diagnostics. The report
 is ``compare_report.py``."""

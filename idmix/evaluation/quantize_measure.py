@@ -1,5 +1,5 @@
-"""The measurements behind ``recipes/quantize_interdomain.py`` (its docstring and the README's
-"Evaluation and deployment" say what is measured): the config's checks and result files, and per
+"""The measurements behind ``recipes/quantize_interdomain.py`` (its docstring and
+docs/evaluation.md say what is measured): the config's checks and result files, and per
 mode one row of sizes, validation perplexity, greedy decode speed and agreement with the eager
 model of each saved program kind (exported, AOTInductor, ExecuTorch). The table is
 ``quantize_report.py``."""

@@ -1,5 +1,5 @@
-"""The recall study behind ``recipes/train_recall.py`` (its docstring and the README say what
-it measures): the config's checks, a small model trained per mixer and learning rate on the
+"""The recall study behind ``recipes/train_recall.py`` (its docstring and docs/evaluation.md
+say what it measures): the config's checks, a small model trained per mixer and learning rate on the
 probes of ``recall.py``, the rate kept on a validation draw, exact match on a test draw, and the
 report (``recall.md``, ``recall.png``)."""
 

@@ -1,5 +1,5 @@
-"""idmix models as Hugging Face transformers models (the ``hf`` extra; README "Use from
-Hugging Face"). Importing this package imports transformers and registers ``IdmixConfig`` with
+"""idmix models as Hugging Face transformers models (the ``hf`` extra; docs/huggingface.md).
+Importing this package imports transformers and registers ``IdmixConfig`` with
 ``AutoConfig``, ``IdmixForCausalLM`` with ``AutoModelForCausalLM`` and the fast tokenizer with
 ``AutoTokenizer``, so ``from_pretrained(dir)`` loads an idmix directory with
 ``trust_remote_code=False``; ``idmix`` itself never imports it. Conversion from

@@ -26,6 +26,7 @@ before manifests loads with a note.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pickle
@@ -33,6 +34,7 @@ import random
 import re
 import shutil
 import stat
+import warnings
 from pathlib import Path
 
 import torch
@@ -51,6 +53,10 @@ from .dcp_reader import RestrictedReader, TensorsOnlyPlanner, read_dcp_metadata
 from .files import atomic_write, atomic_write_text, disk_full
 
 STEP_NAME = re.compile(r"step_\d{6,}")
+SINGLE_PROCESS_NOTICE = (
+    r"torch\.distributed is (disabled, )?unavailable or uninitialized, assuming the intent is to "
+    r"(save|load) in a single process"
+)
 # what save_checkpoint reports to on_stage(stage, step): the DCP shards written, extra state not
 # yet (every rank); complete under the temporary name; renamed, `latest` not yet (rank 0)
 STAGES = ("shards_written", "complete", "renamed")
@@ -63,6 +69,16 @@ def _rank() -> int:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+@contextlib.contextmanager
+def _single_process_notice_dropped():
+    """DCP's save and load with exactly their notice that one process saves or loads dropped (a
+    UserWarning at every checkpoint of a one-process run, even with no_dist=True); every other
+    warning is kept."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SINGLE_PROCESS_NOTICE, category=UserWarning)
+        yield
 
 
 def rng_state() -> dict:
@@ -119,7 +135,8 @@ def save_checkpoint(
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     try:
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        with _single_process_notice_dropped():
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
         on_stage("shards_written", step)
         extra = {**extra, "run_id": run_id, "rng": rng_state()}
         torch.save(extra, tmp / f"extra_rank{_rank()}.pt")
@@ -295,7 +312,9 @@ def load_checkpoint(path: Path, model, optimizer, run_id: str | None = None) -> 
     names = _legacy_names(path, model_sd)
     state = _renamed({"model": model_sd, "optim": optim_sd}, names)
     try:
-        dcp.load(state, storage_reader=RestrictedReader(str(path)), planner=TensorsOnlyPlanner())
+        reader = RestrictedReader(str(path))
+        with _single_process_notice_dropped():
+            dcp.load(state, storage_reader=reader, planner=TensorsOnlyPlanner())
     except CheckpointException as e:
         cause = _cause(e)
         if isinstance(cause, ValueError | OSError):
