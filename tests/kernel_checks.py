@@ -1,7 +1,7 @@
 """Checks of the Triton kernels against the PyTorch paths, as a script: the interpreter must be
 switched on (TRITON_INTERPRET=1) before triton decorates the kernels, so tests run this in a
-fresh process. Usage: python tests/kernel_checks.py [cpu|cuda] [--keep-going]. Exits non-zero
-on failure."""
+fresh process. Usage: python tests/kernel_checks.py [cpu|cuda] [--keep-going] [--only
+name,name,... | --first-half]. Exits non-zero on failure."""
 
 from __future__ import annotations
 
@@ -635,11 +635,20 @@ CHECKS = [  # the widest first, so a run stopped at a time cap has done the most
 ]  # fmt: skip
 
 
-def run_all(device: str, keep_going: bool) -> int:
-    """Every check in turn, each timed; with keep_going a failure is reported and the rest
-    still run (a first GPU run shows every problem at once). Returns the number failed."""
+# the per-token-decay checks and the poisoned repeat: the half of the CPU run that
+# tests/test_kernels_selective.py takes, so that two test workers share the interpreter's time
+SECOND_HALF = ("check_selective", "check_selective_precisions", "check_under_poisoned_allocations")
+
+
+def run_all(device: str, keep_going: bool, names=None) -> int:
+    """Every check (or those named) in turn, each timed; with keep_going a failure is reported
+    and the rest still run (a first GPU run shows every problem at once). Returns the number
+    failed."""
+    unknown = set(names or ()) - {c.__name__ for c in CHECKS}
+    if unknown:
+        raise SystemExit(f"--only: no checks named {sorted(unknown)}")
     failed = 0
-    for check in CHECKS:
+    for check in (c for c in CHECKS if names is None or c.__name__ in names):
         start = time.perf_counter()
         try:
             check(device)
@@ -660,7 +669,12 @@ if __name__ == "__main__":
         check_chunked(dev, CPU_LARGE_CASES)
         print("kernel checks passed")
         sys.exit(0)
-    n_failed = run_all(dev, keep_going="--keep-going" in sys.argv)
+    only = None
+    if "--only" in sys.argv:  # --only name,name,...
+        only = sys.argv[sys.argv.index("--only") + 1].split(",")
+    elif "--first-half" in sys.argv:
+        only = [c.__name__ for c in CHECKS if c.__name__ not in SECOND_HALF]
+    n_failed = run_all(dev, keep_going="--keep-going" in sys.argv, names=only)
     if n_failed:
-        sys.exit(f"{n_failed} of {len(CHECKS)} kernel checks failed")
+        sys.exit(f"{n_failed} kernel checks failed")
     print("kernel checks passed")

@@ -34,7 +34,9 @@ def run_checks(device: str, *extra: str) -> None:
 
 
 def test_kernels_interpreted_on_cpu():
-    run_checks("cpu")
+    """Every check but the per-token-decay ones and the poisoned repeat (those:
+    tests/test_kernels_selective.py, so two test workers share the interpreter's time)."""
+    run_checks("cpu", "--first-half")
 
 
 @pytest.mark.slow
