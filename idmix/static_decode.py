@@ -106,9 +106,9 @@ def compiled(step):
 
 
 class StepRunner:
-    """Runs decode_step per token in one of MODES. "graphed" (CUDA): the compiled step for
-    WARMUP_STEPS tokens, then captured once as a CUDA graph and replayed for every later token.
-    generator: used by "eager" only (the compiled step draws from the device's generator)."""
+    """Runs decode_step per token in one of MODES. "graphed" (CUDA): the compiled step replayed
+    as a CUDA graph (``GraphReplay``). generator: used by "eager" only (the compiled step draws
+    from the device's generator)."""
 
     def __init__(self, model, buf: DecodeBuffers, sampling: tuple, mode: str, generator=None):
         if mode not in MODES:
@@ -117,23 +117,36 @@ class StepRunner:
             raise ValueError(f"mode: 'graphed' needs a CUDA model, got {buf.keys.device}")
         self.model, self.buf, self.sampling, self.mode = model, buf, sampling, mode
         self.generator = generator if mode == "eager" else None
-        self.steps, self.graph = 0, None
+        self.replay = GraphReplay(self._compiled) if mode == "graphed" else None
 
     def __call__(self) -> None:
         if self.mode == "eager":
             decode_step(self.model, self.buf, *self.sampling, self.generator)
         elif self.mode == "compiled":
             self._compiled()
-        elif self.steps < WARMUP_STEPS:
-            on_side_stream(self._compiled)
         else:
-            if self.graph is None:
-                self.graph = capture(self._compiled)
-            self.graph.replay()
-        self.steps += 1
+            self.replay()
 
     def _compiled(self) -> None:
         compiled(decode_step)(self.model, self.buf, *self.sampling)
+
+
+class GraphReplay:
+    """fn (a compiled step on fixed buffers) per call: its first WARMUP_STEPS calls run on a side
+    stream (compiles, autotuning, workspaces), then it is captured once as a CUDA graph, and
+    every later call replays the graph. calls: how many calls so far."""
+
+    def __init__(self, fn):
+        self.fn, self.calls, self.graph = fn, 0, None
+
+    def __call__(self) -> None:
+        if self.calls < WARMUP_STEPS:
+            on_side_stream(self.fn)
+        else:
+            if self.graph is None:
+                self.graph = capture(self.fn)
+            self.graph.replay()
+        self.calls += 1
 
 
 def on_side_stream(fn) -> None:

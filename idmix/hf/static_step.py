@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from idmix.static_decode import WARMUP_STEPS, capture, compiled, on_side_stream, step_logits
+from idmix.static_decode import GraphReplay, compiled, step_logits
 
 from .positions import token_keys, token_positions
 
@@ -19,31 +19,25 @@ EAGER_ONLY = ("labels", "inputs_embeds", "output_attentions", "output_hidden_sta
 
 class StaticStep:
     """The fixed buffers of one (model, static cache): token, pos (B, 1); column (); columns (S,);
-    logits (B, V), the last step's. graphed: after WARMUP_STEPS compiled steps, one capture,
-    then a replay per step."""
+    logits (B, V), the last step's. graphed: the compiled step replayed as a CUDA graph
+    (``GraphReplay``). steps: how many steps so far."""
 
     def __init__(self, model, cache, graphed: bool):
         B, S = cache.keys.shape
         device = cache.keys.device
-        self.model, self.cache, self.graphed = model, cache, graphed
+        self.model, self.cache = model, cache
         self.token = torch.zeros(B, 1, dtype=torch.long, device=device)
         self.pos = torch.zeros(B, 1, dtype=torch.long, device=device)
         self.column = torch.zeros((), dtype=torch.long, device=device)
         self.columns = torch.arange(S, device=device)
-        self.logits, self.steps, self.graph = None, 0, None
+        self.logits, self.steps = None, 0
+        self.replay = GraphReplay(self._run) if graphed else None
 
     def __call__(self, token, pos, column: int) -> torch.Tensor:
         self.token.copy_(token)
         self.pos.copy_(pos)
         self.column.fill_(column)
-        if not self.graphed:
-            self._run()
-        elif self.steps < WARMUP_STEPS:
-            on_side_stream(self._run)
-        else:
-            if self.graph is None:
-                self.graph = capture(self._run)
-            self.graph.replay()
+        (self.replay or self._run)()
         self.steps += 1
         return self.logits
 
