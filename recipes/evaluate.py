@@ -5,7 +5,7 @@
 The model is ``idmix.evaluation.lm_eval_model.IdmixLM`` (lm-eval name ``idmix``) on a
 ``model_final.pt`` export. Tasks come from lm-eval's registry or from ``include_path`` (the
 offline Shakespeare tasks in ``recipes/eval_tasks``); ``perplexity_dataset`` (any dataset
-component, e.g. ``idmix.training.corpus.text_corpus`` on your own files) adds the task
+component, e.g. ``idmix.io.corpus.text_corpus`` on your own files) adds the task
 ``corpus_perplexity``: lm-eval's rolling perplexity over its documents. Writes
 ``results.json`` (lm-eval's output) and ``results.md`` (lm-eval's table, then one headline
 metric per task and their mean, the paper's Table 7 layout) to output_dir.
@@ -26,9 +26,9 @@ from torchtune import config
 from idmix.evaluation.lm_eval_model import IdmixLM
 from idmix.evaluation.lm_eval_tasks import CORPUS_TASK, corpus_task, headline
 from idmix.evaluation.report import markdown_table
-from idmix.training.checkpoint import load_exported_model
-from idmix.training.config_checks import boolean, check_components, check_keys
-from idmix.training.files import atomic_write_text
+from idmix.io.checkpoint import load_exported_model
+from idmix.io.config_checks import boolean, check_components, check_keys
+from idmix.io.files import atomic_write_text
 from idmix.training.outputs import fresh_outputs
 
 KEYS = {

@@ -19,8 +19,8 @@ from omegaconf import DictConfig
 from torchtune import config
 
 from idmix import cache_nbytes, generate
-from idmix.training.checkpoint import load_exported_model
-from idmix.training.config_checks import boolean, check_components, check_keys, integer
+from idmix.io.checkpoint import load_exported_model
+from idmix.io.config_checks import boolean, check_components, check_keys, integer
 
 KEYS = {
     "checkpoint", "tokenizer", "prompt", "max_new_tokens", "temperature", "top_k", "top_p",

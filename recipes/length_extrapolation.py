@@ -16,9 +16,9 @@ from tqdm import tqdm
 
 from idmix.evaluation.extrapolation import perplexity_by_context, token_stream
 from idmix.evaluation.report import markdown_table
-from idmix.training.checkpoint import load_exported_model
-from idmix.training.config_checks import boolean, check_components, check_keys
-from idmix.training.files import atomic_write_json, atomic_write_text
+from idmix.io.checkpoint import load_exported_model
+from idmix.io.config_checks import boolean, check_components, check_keys
+from idmix.io.files import atomic_write_json, atomic_write_text
 from idmix.training.outputs import fresh_outputs
 from idmix.training.plots import line_plot
 

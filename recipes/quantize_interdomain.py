@@ -32,7 +32,7 @@ from torchtune import config
 
 from idmix.evaluation.quantize_measure import KEYS, check_config, measure_all, result_names
 from idmix.evaluation.quantize_report import report
-from idmix.training.files import atomic_write_json, atomic_write_text
+from idmix.io.files import atomic_write_json, atomic_write_text
 from idmix.training.outputs import fresh_outputs
 
 __all__ = ["KEYS", "main"]

@@ -29,7 +29,7 @@ from idmix.evaluation.recall_study import (
     report,
     sweep,
 )
-from idmix.training.files import atomic_write_json, atomic_write_text
+from idmix.io.files import atomic_write_json, atomic_write_text
 from idmix.training.outputs import fresh_outputs
 
 __all__ = ["KEYS", "main"]

@@ -8,10 +8,10 @@ import torch
 from omegaconf import OmegaConf
 
 from idmix import models
+from idmix.io.corpus import python_docs
 from idmix.models.baselines import HYBRID_EVERY
 from idmix.models.state_size import recurrent_state_floats
 from idmix.modules import SoftmaxAttention
-from idmix.training.corpus import python_docs
 
 BASELINES = ["gla", "mamba2", "gated_deltanet"]
 SCALES = ["tiny", "small"]
@@ -99,7 +99,7 @@ def test_the_prose_corpus_splits_by_name_and_holds_english_text():
 @pytest.mark.parametrize("mixer", BASELINES)
 def test_an_exported_baseline_loads_back_equal(tmp_path, mixer):
     """model_final.pt of each baseline goes through the loader (and its old-name upgrades)."""
-    from idmix.training.checkpoint import export_model, load_exported_model
+    from idmix.io.checkpoint import export_model, load_exported_model
 
     model = getattr(models, f"{mixer}_tiny")()
     path = tmp_path / "model_final.pt"

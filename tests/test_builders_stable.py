@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
+from idmix.io.checkpoint import load_exported_model
 from idmix.modules import upgrade_state_dict
-from idmix.training.checkpoint import load_exported_model
 from tests import fingerprints as fp
 
 RECORDED = json.loads(fp.FILE.read_text())
@@ -48,8 +48,8 @@ def test_training_checkpoints_written_before_the_redesign_resume_exactly():
     step gives the logits the old code gave."""
     from pathlib import Path
 
+    from idmix.io.checkpoint import latest_checkpoint, load_checkpoint
     from idmix.models import decoder
-    from idmix.training.checkpoint import latest_checkpoint, load_checkpoint
     from idmix.training.optim import param_groups
 
     run = Path(fp.__file__).parent / "data" / "legacy_checkpoint"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from idmix.training.checkpoint import load_exported_model, safe_load
-from idmix.training.trust import TRUSTED_BUILDERS_ENV
+from idmix.io.checkpoint import load_exported_model, safe_load
+from idmix.io.trust import TRUSTED_BUILDERS_ENV
 from tests.helpers import save_tiny_export, tiny_model
 
 

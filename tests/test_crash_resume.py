@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from idmix.training.checkpoint import latest_checkpoint
+from idmix.io.checkpoint import latest_checkpoint
 from tests.faults import POINTS
 
 ROOT = Path(__file__).resolve().parent.parent

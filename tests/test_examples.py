@@ -108,7 +108,7 @@ def test_a_config_override_alone_selects_the_example(name):
 
 
 def test_the_override_trains_with_the_recipe_and_its_export_loads(tmp_path, monkeypatch):
-    from idmix.training.checkpoint import load_exported_model
+    from idmix.io.checkpoint import load_exported_model
 
     run = tmp_path / "relu"
     cmd = [TUNE, "run", "recipes/pretrain_interdomain.py", "--config", str(CONFIG)]

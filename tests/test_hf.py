@@ -26,8 +26,8 @@ from idmix import generate  # noqa: E402
 from idmix.hf import IdmixCache, IdmixConfig, IdmixForCausalLM  # noqa: E402
 from idmix.hf.convert import convert  # noqa: E402
 from idmix.hf.convert import main as convert_main  # noqa: E402
-from idmix.training.checkpoint import export_model, load_exported_model  # noqa: E402
-from idmix.training.tokenizer import shakespeare_bpe  # noqa: E402
+from idmix.io.checkpoint import export_model, load_exported_model  # noqa: E402
+from idmix.io.tokenizer import shakespeare_bpe  # noqa: E402
 from tests.hf_attacks import plant_code  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

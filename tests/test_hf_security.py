@@ -31,10 +31,10 @@ from idmix.hf import IdmixConfig, IdmixForCausalLM  # noqa: E402
 from idmix.hf.convert import main as convert_main  # noqa: E402
 from idmix.hf.convert import save_hf  # noqa: E402
 from idmix.hf.directory import MARKER  # noqa: E402
+from idmix.io.checkpoint import export_model  # noqa: E402
+from idmix.io.run_dir import claim_run_dir  # noqa: E402
+from idmix.io.tokenizer import shakespeare_bpe  # noqa: E402
 from idmix.models import interdomain_tiny  # noqa: E402
-from idmix.training.checkpoint import export_model  # noqa: E402
-from idmix.training.run_dir import claim_run_dir  # noqa: E402
-from idmix.training.tokenizer import shakespeare_bpe  # noqa: E402
 from tests.hf_attacks import plant_code  # noqa: E402
 
 TOY = {"num_layers": 1, "vocab_size": 4096, "embed_dim": 32, "num_heads": 2, "num_modes": 8}

@@ -17,7 +17,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from idmix import generate
 from idmix.evaluation.lm_eval_model import IdmixLM, _cut
 from idmix.evaluation.scoring import continuation_logprobs
-from idmix.training.tokenizer import shakespeare_bpe
+from idmix.io.tokenizer import shakespeare_bpe
 from tests.helpers import save_tiny_export, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent

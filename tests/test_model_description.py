@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from idmix.training import checkpoint as ckpt
-from idmix.training.model_description import (
+from idmix.io import checkpoint as ckpt
+from idmix.io.model_description import (
     build_described,
     check_description,
     plain_description,

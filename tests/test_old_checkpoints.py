@@ -58,7 +58,7 @@ def test_old_state_dicts_load_with_the_same_logits(name):
 def test_old_training_checkpoint_resumes_model_and_optimizer_exactly():
     """The DCP checkpoint (model + AdamW state under the old names) resumes: the next step gives
     the logits the old code gave."""
-    from idmix.training.checkpoint import latest_checkpoint, load_checkpoint
+    from idmix.io.checkpoint import latest_checkpoint, load_checkpoint
     from idmix.training.optim import param_groups
 
     run = OLD / "dcp_run"

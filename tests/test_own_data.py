@@ -18,8 +18,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idmix.training import tokenizer as tok
-from idmix.training.corpus import held_out, text_corpus
+from idmix.io import tokenizer as tok
+from idmix.io.corpus import held_out, text_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 TUNE = str(Path(sys.executable).with_name("tune"))
@@ -273,7 +273,7 @@ def test_evaluation_recipes_take_the_same_corpus_and_tokenizer(trained, files, t
      (b"text\x00with a NUL", "is not text \\(it holds NUL bytes\\)")],
 )  # fmt: skip
 def test_an_empty_or_binary_text_file_is_named(tmp_path, content, message):
-    from idmix.training.corpus import text_corpus
+    from idmix.io.corpus import text_corpus
 
     path = tmp_path / "notes.txt"
     path.write_bytes(content)
@@ -282,7 +282,7 @@ def test_an_empty_or_binary_text_file_is_named(tmp_path, content, message):
 
 
 def test_an_unreadable_json_file_is_named(tmp_path):
-    from idmix.training.corpus import text_corpus
+    from idmix.io.corpus import text_corpus
 
     path = tmp_path / "rows.json"
     path.write_text('{"text": 1\n')

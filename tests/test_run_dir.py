@@ -1,4 +1,4 @@
-"""A run owns its output_dir (``idmix.training.run_dir``): one run at a time, a stale lock from a
+"""A run owns its output_dir (``idmix.io.run_dir``): one run at a time, a stale lock from a
 killed run is taken over, ``overwrite=True`` moves the previous run aside in one rename (never a
 directory holding a live run, the working directory or home), a resume continues only the run
 the directory holds, and a failed one writes no run id."""
@@ -16,7 +16,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from idmix.training.run_dir import LOCK, RUN_FILE, claim_run_dir, read_run_id
+from idmix.io.run_dir import LOCK, RUN_FILE, claim_run_dir, read_run_id
 from idmix.training.trainer import train
 from tests.test_recipe import CONFIGS, QUICK, ROOT, build_recipe, history, tune_run
 
@@ -36,7 +36,7 @@ def test_a_lock_held_by_another_process_is_refused_and_a_killed_ones_taken_over(
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
-            from idmix.training.run_dir import claim_run_dir
+            from idmix.io.run_dir import claim_run_dir
             claim = claim_run_dir({str(run)!r}, resume=False, overwrite=False)
             print("held", flush=True)
             time.sleep(120)

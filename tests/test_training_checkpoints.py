@@ -2,7 +2,7 @@
 items run no code, damaged files (or a deleted manifest) are named with the newest intact step,
 ``latest`` cannot point elsewhere and no symbolic link in a checkpoint is followed, a full disk
 leaves the previous checkpoint (and model_final.pt), another run's checkpoint is refused, a
-file torch.save did not write is named (``idmix.training.checkpoint``, ``dcp_reader``,
+file torch.save did not write is named (``idmix.io.checkpoint``, ``dcp_reader``,
 ``manifest``, ``files``)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from idmix.training import checkpoint as ckpt
-from idmix.training import manifest
-from idmix.training.dcp_reader import UnsafeCheckpointError, read_dcp_metadata
+from idmix.io import checkpoint as ckpt
+from idmix.io import manifest
+from idmix.io.dcp_reader import UnsafeCheckpointError, read_dcp_metadata
 from tests.test_checkpoint_safety import RunsCode
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")

@@ -78,8 +78,8 @@ def test_warmup_then_cosine_to_the_floor():
 
 
 def test_embedded_corpus_and_tokenizer_are_deterministic(tmp_path):
-    from idmix.training.corpus import VALIDATION_PLAYS, shakespeare
-    from idmix.training.tokenizer import shakespeare_bpe
+    from idmix.io.corpus import VALIDATION_PLAYS, shakespeare
+    from idmix.io.tokenizer import shakespeare_bpe
 
     train, val = shakespeare("train"), shakespeare("validation")
     assert len(train) > 500 and len(val) > 10

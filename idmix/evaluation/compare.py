@@ -13,9 +13,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from torchtune import config
 
-from ..training import checkpoint as ckpt
-from ..training.config_checks import boolean, check_components, check_keys, integer
-from ..training.model_description import read_yaml_data
+from ..io import checkpoint as ckpt
+from ..io.config_checks import boolean, check_components, check_keys, integer
+from ..io.model_description import read_yaml_data
 from ..training.pretrain_config import check_training_section
 from ..training.trainer import Trainer
 from .diagnostics import output_rms_by_position, ssm_gradient_stats

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..training.files import atomic_write_json, atomic_write_text
+from ..io.files import atomic_write_json, atomic_write_text
 from ..training.plots import line_plot
 from .compare import mean_spread
 from .report import markdown_table

@@ -107,7 +107,7 @@ def quantized_tensor_types() -> list:
 def save_quantized_model(path, model: nn.Module, model_config: dict, mode: str) -> Path:
     """Write a :func:`quantize_linears` model as {model, model_config, quantization}, atomically
     (model_config: the plain-data builder config of the unquantised model)."""
-    from ..training.files import atomic_write
+    from ..io.files import atomic_write
 
     if mode not in QUANT_MODES:
         raise ValueError(f"mode: expected one of {QUANT_MODES}, got {mode!r}")
@@ -119,9 +119,9 @@ def load_quantized_model(path, device="cpu") -> nn.Module:
     """The model of a :func:`save_quantized_model` file, in eval mode. Loaded with
     weights_only=True and only :func:`quantized_tensor_types` allowed beyond tensors and plain
     data; its model description is checked and built as ``model_final.pt``'s is
-    (``idmix.training.model_description``)."""
-    from ..training.checkpoint import safe_load
-    from ..training.model_description import build_described
+    (``idmix.io.model_description``)."""
+    from ..io.checkpoint import safe_load
+    from ..io.model_description import build_described
 
     if not Path(path).is_file():
         raise ValueError(f"path: no such file {str(path)!r}")
@@ -212,7 +212,7 @@ def save_program(program: torch.export.ExportedProgram, path, aoti: bool = False
     AOTInductor-compiled package of it (native code for this machine's device), with freezing
     on: weights become constants, so Inductor pre-packs them (oneDNN's int8 GEMMs for the
     ``pt2e`` programs; the same for fp32, so the two compare at their best)."""
-    from ..training.files import atomic_write
+    from ..io.files import atomic_write
 
     if aoti:
         from torch._inductor import aoti_compile_and_package

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..training.files import atomic_write
+from ..io.files import atomic_write
 
 EXECUTORCH_MODES = ("fp32", "int8_dynamic_int4")
 

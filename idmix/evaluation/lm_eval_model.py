@@ -21,10 +21,10 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simpl
 from tqdm import tqdm
 
 from ..generation import generate
-from ..training.checkpoint import load_exported_model
+from ..io.checkpoint import load_exported_model
 from .scoring import continuation_logprobs
 
-DEFAULT_TOKENIZER = "idmix.training.tokenizer.shakespeare_bpe"
+DEFAULT_TOKENIZER = "idmix.io.tokenizer.shakespeare_bpe"
 
 
 def _resolve(dotted: str):

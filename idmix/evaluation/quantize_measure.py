@@ -17,9 +17,9 @@ from tqdm import tqdm
 
 from .. import generate
 from ..generation import release_caches
-from ..training.checkpoint import load_exported_model, safe_load
-from ..training.config_checks import boolean, check_components, check_keys
-from ..training.model_description import plain_description
+from ..io.checkpoint import load_exported_model, safe_load
+from ..io.config_checks import boolean, check_components, check_keys
+from ..io.model_description import plain_description
 from .deploy import (
     QUANT_MODES,
     Decode,

@@ -14,8 +14,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from torchtune import config
 from tqdm import tqdm
 
-from ..models.state_size import recurrent_state_floats
-from ..training.config_checks import (
+from ..io.config_checks import (
     boolean,
     check_components,
     check_keys,
@@ -24,6 +23,7 @@ from ..training.config_checks import (
     numbers,
     one_of,
 )
+from ..models.state_size import recurrent_state_floats
 from ..training.optim import param_groups, warmup_cosine
 from ..training.plots import line_plot
 from . import recall

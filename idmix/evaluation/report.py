@@ -1,4 +1,4 @@
-"""Results as people read them: markdown tables (files: ``idmix.training.files``; plots:
+"""Results as people read them: markdown tables (files: ``idmix.io.files``; plots:
 ``idmix.training.plots``)."""
 
 from __future__ import annotations

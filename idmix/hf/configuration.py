@@ -42,9 +42,9 @@ def builder_path(builder: str) -> str:
 
 def description(builder, overrides) -> tuple:
     """(builder function, keyword arguments) of config.json's builder and overrides, checked
-    as a saved model description (``idmix.training.model_description``: plain data, a trusted
+    as a saved model description (``idmix.io.model_description``: plain data, a trusted
     builder and mixer, argument types), each error naming the field."""
-    from idmix.training.model_description import check_description, plain_description
+    from idmix.io.model_description import check_description, plain_description
 
     if not isinstance(builder, str) or not builder:
         raise ValueError(f"builder: expected the name of an idmix.models builder, got {builder!r}")

@@ -17,15 +17,15 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from idmix.modules import upgrade_state_dict
-from idmix.training import tokenizer as tokenizers
-from idmix.training.checkpoint import safe_load
-from idmix.training.model_description import (
+from idmix.io import tokenizer as tokenizers
+from idmix.io.checkpoint import safe_load
+from idmix.io.model_description import (
     check_description,
     check_given_sizes,
     compare_shapes,
     plain_description,
 )
+from idmix.modules import upgrade_state_dict
 
 from .configuration import IdmixConfig
 from .directory import check_replaceable, write_dir
@@ -80,7 +80,7 @@ def save_hf(state_dict: dict, model_config: dict, out_dir, tokenizer=None, overw
 
 def convert(checkpoint, out_dir, tokenizer=None, overwrite=False) -> Path:
     """A ``model_final.pt`` (read with weights_only=True; its builder must be trusted, as
-    for ``idmix.training.checkpoint.load_exported_model``) to a Hugging Face directory.
+    for ``idmix.io.checkpoint.load_exported_model``) to a Hugging Face directory.
     tokenizer: a BPETokenizer, None, or a spec string of :func:`load_tokenizer`."""
     check_replaceable(Path(os.path.abspath(out_dir)), overwrite)  # before any work
     source = f"checkpoint {str(checkpoint)!r}"
@@ -96,7 +96,7 @@ def convert(checkpoint, out_dir, tokenizer=None, overwrite=False) -> Path:
 
 
 def load_tokenizer(spec: str, vocab_size: int):
-    """spec: "none", a builder of idmix.training.tokenizer trained for vocab_size
+    """spec: "none", a builder of idmix.io.tokenizer trained for vocab_size
     ("shakespeare_bpe", "python_stdlib_bpe") or the path of a tokenizers JSON file."""
     if spec == "none":
         return None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from idmix.training.run_dir import LOCK, RUN_FILE
+from idmix.io.run_dir import LOCK, RUN_FILE
 
 MARKER = ".idmix-hf"
 WRITTEN_BY = "idmix.hf.convert"

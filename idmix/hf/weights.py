@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from idmix.training.model_description import compare_shapes, meta_model
+from idmix.io.model_description import compare_shapes, meta_model
 
 from .configuration import description
 from .weight_files import PREFIX, tensor_specs

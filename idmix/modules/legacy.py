@@ -3,7 +3,7 @@
 Two renames: the S4D-only ``mode_weights`` moved into its readout (the composition redesign),
 and the mixer's attributes took their constructor's names (the parts redesign: ``branch_a`` ->
 ``key_branch``, ``ssm`` -> ``core``, …). ``RENAMED_KEYS`` lists every parameter of the
-library's parts by its old and new suffix (the DCP resume in ``idmix.training.checkpoint``
+library's parts by its old and new suffix (the DCP resume in ``idmix.io.checkpoint``
 maps names with it); ``rename_old_keys`` (a load_state_dict pre-hook of ``SSMMixer``) also moves
 the parameters of a user's parts (a feature map inside a branch)."""
 

@@ -8,12 +8,12 @@ import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import checkpoint as ckpt
-from .files import atomic_write_json
-from .model_description import plain_description
+from ..io import checkpoint as ckpt
+from ..io.files import atomic_write_json
+from ..io.model_description import plain_description
+from ..io.tokenizer import BPETokenizer
+from ..io.trust import trusting_own_builders
 from .plots import plot_history
-from .tokenizer import BPETokenizer
-from .trust import trusting_own_builders
 
 
 def fresh_outputs(output_dir, names: Iterable[str], overwrite: bool) -> Path:

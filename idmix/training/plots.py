@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from .files import atomic_write
+from ..io.files import atomic_write
 
 
 def line_plot(

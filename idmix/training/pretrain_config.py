@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig, ListConfig
 
-from .config_checks import (
+from ..io.config_checks import (
     boolean,
     check_components,
     check_keys,

@@ -23,17 +23,17 @@ from omegaconf import DictConfig, OmegaConf
 from torchtune import config, training
 from torchtune.modules import TransformerSelfAttentionLayer
 
+from ..io import checkpoint as ckpt
+from ..io.config_checks import fail, resolved
+from ..io.model_description import plain_description, saved_model_description
+from ..io.run_dir import claim_run_dir, stamp_run_id
 from ..parallel import enable_context_parallel
-from . import checkpoint as ckpt
 from . import distributed
 from .callbacks import Callback, MetricLoggers, ProgressBar
-from .config_checks import fail, resolved
-from .model_description import plain_description, saved_model_description
 from .optim import param_groups, warmup_cosine
 from .outputs import export_final_model, summary_text, write_run_results
 from .packing import PackedStream, cycling_documents, streaming_documents
 from .pretrain_config import check_pretrain_config
-from .run_dir import claim_run_dir, stamp_run_id
 
 
 class Trainer:

@@ -8,7 +8,7 @@ import re
 
 import datasets
 
-from idmix.training.corpus import shakespeare
+from idmix.io.corpus import shakespeare
 
 SPEAKER = re.compile(r"\n\n([A-Z][A-Z' ]+)\.\n")
 
