@@ -101,3 +101,48 @@ def test_torchtune_imports_against_the_pinned_torchao():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+
+
+def package_imports() -> dict[str, set[str]]:
+    """idmix's packages and top-level modules -> the others each imports (any import, at any
+    depth of a file, relative or absolute)."""
+    import ast
+
+    edges: dict[str, set[str]] = {}
+    for path in (ROOT / "idmix").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts  # ("idmix", unit, ...)
+        unit = parts[1] if len(parts) > 1 and parts[1] != "__init__" else "idmix"
+        module = list(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = module if parts[-1] == "__init__" else module[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                anchor = package[: len(package) - node.level + 1] if node.level else []
+                names = [".".join([*anchor, *([node.module] if node.module else [])])]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                target = name.split(".")
+                if target[0] == "idmix" and len(target) > 1 and target[1] != unit:
+                    edges.setdefault(unit, set()).add(target[1])
+    return edges
+
+
+def test_no_import_cycle_between_packages():
+    """The packages (and top-level modules) of idmix import one way: io under training, hf and
+    evaluation; no path leads back to where it started."""
+    edges = package_imports()
+    assert "training" not in edges.get("hf", set()) and "training" not in edges.get("io", set())
+
+    def cycle_from(start, node, seen):
+        for nxt in edges.get(node, ()):
+            if nxt == start:
+                return [*seen, nxt]
+            if nxt not in seen:
+                found = cycle_from(start, nxt, [*seen, nxt])
+                if found:
+                    return found
+        return None
+
+    for unit in edges:
+        assert cycle_from(unit, unit, [unit]) is None, cycle_from(unit, unit, [unit])
