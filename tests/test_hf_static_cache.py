@@ -96,3 +96,15 @@ def test_a_static_cache_refuses_what_it_cannot_hold():
     with pytest.raises(ValueError, match="capacity: expected an int >= 1"):
         IdmixCache(model.model, 2, 0, static=True)
     assert cache.is_compileable and not IdmixCache(model.model, 2).is_compileable
+
+
+def test_a_step_with_labels_takes_the_models_own_forward():
+    """What generate never passes (labels, here) goes to the model's forward, which gives the
+    loss; the static step is not made."""
+    model = toy("interdomain")
+    cache = IdmixCache(model.model, 2, 6, static=True)
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    model(ids, cache=cache)
+    call = model.get_compiled_call(on_cpu_too())
+    out = call(input_ids=ids[:, :1], cache=cache, labels=ids[:, :1], return_dict=True)
+    assert out.loss is not None and cache.step is None and cache.get_seq_length() == 4

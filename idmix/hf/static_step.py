@@ -13,8 +13,9 @@ from idmix.static_decode import GraphReplay, compiled, step_logits
 from .positions import token_keys, token_positions
 
 GRAPHED_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that use CUDA graphs
-EAGER_ONLY = ("labels", "inputs_embeds", "output_attentions", "output_hidden_states",
-              "past_key_values")  # fmt: skip
+# arguments that send a call to the model's own forward: given (not None), or asked for (true)
+GIVEN_EAGER_ONLY = ("labels", "inputs_embeds", "past_key_values")
+ASKED_EAGER_ONLY = ("output_attentions", "output_hidden_states")
 
 
 class StaticStep:
@@ -61,7 +62,10 @@ class StaticDecodeCall:
     def __call__(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
                  **kwargs):  # fmt: skip
         static = getattr(cache, "static", False) and input_ids is not None
-        if not static or input_ids.shape[1] != 1 or any(kwargs.get(k) for k in EAGER_ONLY):
+        eager_only = any(kwargs.get(k) is not None for k in GIVEN_EAGER_ONLY) or any(
+            kwargs.get(k) for k in ASKED_EAGER_ONLY
+        )
+        if not static or input_ids.shape[1] != 1 or eager_only:
             return self.hf_model(input_ids=input_ids, attention_mask=attention_mask,
                                  position_ids=position_ids, cache=cache, **kwargs)  # fmt: skip
         cache.check_rows(input_ids.shape[0])
