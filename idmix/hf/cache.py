@@ -48,13 +48,18 @@ class IdmixCache(Cache):
         model.setup_caches(batch_size=batch_size, dtype=param.dtype, decoder_max_seq_len=capacity)
         self.layers = [layer.attn.kv_cache for layer in model.layers]
         release_caches(model)
-        self.rows, self.seen, self.capacity, self.static = batch_size, 0, capacity, static
+        self.rows, self.seen, self.capacity = batch_size, 0, capacity
         self.keys = (
             torch.zeros(batch_size, capacity, dtype=torch.bool, device=param.device)
             if static
             else None
         )
         self.step = None  # the static decode step bound to this cache (idmix.hf.static_step)
+
+    @property
+    def static(self) -> bool:
+        """Made with static=True (it then records which positions hold tokens)."""
+        return self.keys is not None
 
     # what the model calls ------------------------------------------------------------------
     def make_room(self, new: int) -> None:

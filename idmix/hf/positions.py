@@ -6,17 +6,20 @@ from __future__ import annotations
 import torch
 
 
-def token_keys(attention_mask, input_ids, past: int) -> torch.Tensor:
-    """(B, past + T) bool: which positions hold tokens (attention_mask, or all)."""
+def token_keys(attention_mask, input_ids, past: int, only_new: bool = False) -> torch.Tensor:
+    """(B, past + T) bool: which positions hold tokens (attention_mask, or all); only_new: the
+    last T columns only, (B, T), the others neither read nor copied (a decode step's)."""
     B, T = input_ids.shape
     if attention_mask is None:
-        return torch.ones(B, past + T, dtype=torch.bool, device=input_ids.device)
+        width = T if only_new else past + T
+        return torch.ones(B, width, dtype=torch.bool, device=input_ids.device)
     if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (B, past + T):
         raise ValueError(
             f"attention_mask: expected ({B}, {past + T}) (the cache's {past} positions and "
             f"{T} new ones; 2-d), got {tuple(attention_mask.shape)}"
         )
-    return attention_mask.to(device=input_ids.device, dtype=torch.bool)
+    keys = attention_mask[:, -T:] if only_new else attention_mask
+    return keys.to(device=input_ids.device, dtype=torch.bool)
 
 
 def token_positions(position_ids, keys: torch.Tensor, T: int) -> torch.Tensor:

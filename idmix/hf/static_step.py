@@ -71,10 +71,9 @@ class StaticDecodeCall:
         cache.check_rows(input_ids.shape[0])
         past = cache.seen
         cache.make_room(1)
-        keys = token_keys(attention_mask, input_ids, past)
-        cache.keys[:, past] = keys[:, -1]
-        step = self._step(cache)
-        logits = step(input_ids, token_positions(position_ids, keys, 1), past)
+        cache.keys[:, past] = token_keys(attention_mask, input_ids, past, only_new=True)[:, 0]
+        pos = token_positions(position_ids, cache.keys[:, : past + 1], 1)  # keys as recorded
+        logits = self._step(cache)(input_ids, pos, past)
         cache.seen += 1
         out = CausalLMOutputWithPast(logits=logits[:, None].clone(), cache=cache)
         return out if kwargs.get("return_dict") is not False else out.to_tuple()
