@@ -169,11 +169,11 @@ def gpu_route(launches: list[Launch], tokens: int):
     yields the recorder (its ``allocated`` bytes)."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from idmix.functional.interdomain import chunked, nonfinite, validation
+    from idmix.functional.interdomain import numerics, shared, validation
 
     def cuda_segment_tokens(q, L):
-        per_row = chunked.GPU_SEGMENT_TOKEN_HEADS // max(1, q.shape[0] * q.shape[2])
-        return max(L, max(chunked.SEGMENT_TOKENS, per_row) // L * L)
+        per_row = shared.GPU_SEGMENT_TOKEN_HEADS // max(1, q.shape[0] * q.shape[2])
+        return max(L, max(shared.SEGMENT_TOKENS, per_row) // L * L)
 
     def record(self, *args, grid, warmup, **kwargs):
         names = self.arg_names
@@ -202,12 +202,12 @@ def gpu_route(launches: list[Launch], tokens: int):
     import importlib
 
     patches = [(torch, "autocast", meta_autocast), (InterpretedFunction, "run", record)]
-    patches += [(nonfinite, "check_values", lambda x: False)]
+    patches += [(numerics, "check_values", lambda x: False)]
     with contextlib.suppress(ImportError):  # code before the split scans has none
         splits = importlib.import_module("idmix_kernels.scan_splits")
         patches += [(splits, "target_programs", lambda device: SMS)]
     patches += [(validation, "check_values", lambda x: False)]
-    for name in ("chunked_op", "chunked_kernels"):  # whichever the checked-out code has
+    for name in ("driver", "triton_engine"):
         try:
             module = importlib.import_module(f"idmix.functional.interdomain.{name}")
         except ImportError:

@@ -255,7 +255,7 @@ def chunked_case(T, H, R, D, M, L, reset: bool, precision: str, B=1, dtype=torch
     launches, kernels/scan_splits.py), the tail's are not."""
     import idmix_kernels.scan_splits as splits
 
-    from idmix.functional.interdomain import chunked_kernels as op
+    from idmix.functional.interdomain import triton_engine as op
 
     T += L // 2
     with mock.patch.object(splits, "OFF_GPU_TARGET_PROGRAMS", 2**30):
@@ -281,8 +281,8 @@ def _chunked_calls(op, T, H, R, D, M, L, reset, precision, B, dtype):
 
 def selective_case(T, H, R, D, M, reset: bool, precision: str, B=1):
     """The selective (per-token decay) path's forward and backward on its kernels."""
+    from idmix.functional.interdomain.driver import selective_forward
     from idmix.functional.interdomain.selective import SELECTIVE_CHUNK
-    from idmix.functional.interdomain.selective_op import selective_forward
 
     q, k = (torch.randn(B, T, H, R, requires_grad=True) for _ in range(2))
     v = torch.randn(B, T, H, D, requires_grad=True)
@@ -331,7 +331,7 @@ def sweep(tier: str):
     minutes on 2 cores): the GPU default precision at the paper shape and the 128-wide heads,
     both masks, both archs, and the other tensor-core precision at the paper shape on sm_90
     (M = 32 compiles to the same kernels as M = 64: the modes are walked in blocks)."""
-    from idmix.functional.interdomain.precision import GPU_DEFAULT
+    from idmix.functional.interdomain.numerics import GPU_DEFAULT
 
     both, hopper = (90, 80), (90,)
     other = "bf16" if GPU_DEFAULT == "tf32" else "tf32"

@@ -10,7 +10,7 @@ embeddings to (ξ(q), k̃, ṽ), λ, β and Ĝ; the initial state is random. Tho
 the chunked op in fp64 (the reference: itself equal to the per-step recurrence to ~1e-14,
 tests/test_reference_ladder.py) and in fp32 at each precision, the TF32/bf16 rounding of every
 product's operands emulated on CPU exactly as the Triton kernels round them
-(idmix/functional/interdomain/precision.py). "bf16 inputs" rounds q, k, v to bf16 first: what a
+(idmix/functional/interdomain/numerics.py). "bf16 inputs" rounds q, k, v to bf16 first: what a
 bf16 model hands the op. The loss is a fixed random projection of the output plus one of the
 final state, so every gradient is exercised.
 

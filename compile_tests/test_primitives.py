@@ -28,7 +28,7 @@ from idmix.functional import (
     short_conv_with_resets,
     silu_l2_feature_map,
 )
-from idmix.functional.interdomain.realform import state_to_interleaved
+from idmix.functional.interdomain.layout import state_to_interleaved
 from idmix.functional.s4d_readout import s4d_linear_readout, s4d_linear_step
 from tests.helpers import make_problem
 

@@ -1,4 +1,4 @@
-"""Containment of non-finite inputs on the kernels (idmix/functional/interdomain/nonfinite.py
+"""Containment of non-finite inputs on the kernels (idmix/functional/interdomain/numerics.py
 states the rule): the one pass that reads q, k and v only to look at them.
 
 ``nonfinite_flags`` marks each (row, head, position): bit 0 where a k or v channel is NaN or

@@ -31,9 +31,9 @@ def _seed():
 @pytest.fixture
 def small_segments(monkeypatch):
     """Make the chunked path cut even short sequences into several segments."""
-    from idmix.functional.interdomain import chunked
+    from idmix.functional.interdomain import shared
 
-    monkeypatch.setattr(chunked, "SEGMENT_TOKENS", 16)
+    monkeypatch.setattr(shared, "SEGMENT_TOKENS", 16)
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def dynamo_only(monkeypatch):
     traced code path (real-form complex arithmetic, padded shears, functional scans) without
     Inductor's compile time; fullgraph, so that a graph break fails. Dynamo's caches start
     empty (the recompile limit counts per function). Yields the names of the pieces traced."""
-    from idmix.functional.interdomain import backend
+    from idmix.functional.interdomain import driver
 
     torch._dynamo.reset()
     traced = []
@@ -52,5 +52,5 @@ def dynamo_only(monkeypatch):
         traced.append(piece.__name__)
         return torch.compile(piece, **options, fullgraph=True, backend="eager")
 
-    monkeypatch.setattr(backend, "compiled", trace)
+    monkeypatch.setattr(driver, "compiled", trace)
     yield traced

@@ -138,9 +138,9 @@ def check_chunked(device: str, cases=None) -> None:
     ragged T, T = 1, odd dims, sequence starts (a length-1 sequence too), large Δ, fp16 inputs,
     both readouts, several segments, the chunk-state scans split along T."""
     from idmix.functional import interdomain_attention
-    from idmix.functional.interdomain import chunked
+    from idmix.functional.interdomain import shared
 
-    chunked.SEGMENT_TOKENS = 32 if device == "cpu" else 512
+    shared.SEGMENT_TOKENS = 32 if device == "cpu" else 512
     if cases is None:
         cases = CHUNKED_CASES + (GPU_CHUNKED_CASES if device == "cuda" else [])
     with split_scans():
@@ -171,7 +171,7 @@ def check_chunked(device: str, cases=None) -> None:
                 at = torch.randperm(T, generator=g)[:256].to(device)
                 assert_rel(tri[0][:, at], naive[:, at], max(tol, 1e-4), f"triton vs naive {case}")
         finally:
-            chunked.SEGMENT_TOKENS = 512
+            shared.SEGMENT_TOKENS = 512
 
 
 @contextlib.contextmanager
@@ -192,7 +192,7 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
     """precision="tf32" and "bf16": the chunked op on the kernels equals the PyTorch path at the
     same precision (outputs, final states, every gradient), and both are measurably rounded
     (further from the IEEE result than the kernels are from the PyTorch path)."""
-    from idmix.functional.interdomain import chunked
+    from idmix.functional.interdomain import shared
 
     # On a GPU the PyTorch path's TF32 GEMMs are cuBLAS's, which converts fp32 operands to TF32
     # itself (its rounding mode is not documented), so there the two TF32 paths are two
@@ -206,7 +206,7 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
     # below each precision's own error against IEEE (4.9e-4..6.2e-4 and 4.1e-3..4.3e-3 on o).
     # Each run is also held to be that far off IEEE.
     tol = tol or {"tf32": 3e-4 if device == "cpu" else 1.5e-3, "bf16": 6e-5}
-    chunked.SEGMENT_TOKENS = 32 if device == "cpu" else 512
+    shared.SEGMENT_TOKENS = 32 if device == "cpu" else 512
     try:
         for B, T, H, R, D, M, L, dt, starts, readout, _ in PRECISION_CASES:
             p = make_problem(B=B, T=T, H=H, R=R, D=D, M=M, dtype=torch.float32, dt_range=dt)
@@ -224,7 +224,7 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
                 assert gap > 10 * rel_rmse(tri[0], ref[0]), f"{precision}: rounding not applied"
                 assert rel_rmse(tri[0], exact[0]) > gap / 2, f"{precision}: kernels not rounded"
     finally:
-        chunked.SEGMENT_TOKENS = 512
+        shared.SEGMENT_TOKENS = 512
 
 
 def check_selective_precisions(device: str) -> None:
@@ -272,18 +272,18 @@ def check_nonfinite(device: str) -> None:
     position only, a bad initial state until the first start) and final states; every other
     output, state and gradient equal and finite. Twice: segments of one chunk, and one segment
     of five chunks of 4 with the chunk-state scans split along T (two runs)."""
-    from idmix.functional.interdomain import chunked
+    from idmix.functional.interdomain import shared
 
     B, T = 2, 21
     reset = torch.zeros(B, T, dtype=torch.bool, device=device)
     reset[0, [0, 6, 14]] = True
     for segment, L, scans in ((8, 8, contextlib.nullcontext), (512, 4, split_scans)):
-        chunked.SEGMENT_TOKENS = segment
+        shared.SEGMENT_TOKENS = segment
         try:
             with scans():
                 _check_nonfinite_cases(device, reset, L)
         finally:
-            chunked.SEGMENT_TOKENS = 512
+            shared.SEGMENT_TOKENS = 512
 
 
 def _check_nonfinite_cases(device: str, reset, L: int) -> None:
@@ -351,7 +351,7 @@ def check_chunked_compiles_and_exports(device: str) -> None:
     """The chunked op on the kernels traces whole: torch.compile(fullgraph=True) forward and
     backward, and torch.export of the forward, both equal to eager."""
     from idmix.functional import interdomain_attention_real, readout_gram_real
-    from idmix.functional.interdomain.realform import state_to_interleaved
+    from idmix.functional.interdomain.layout import state_to_interleaved
 
     p = make_problem(B=2, T=21, H=2, R=4, D=3, M=5, dtype=torch.float32)
     lam, beta = (torch.view_as_real(p[n]).to(device) for n in ("lam", "beta"))
@@ -389,14 +389,14 @@ def check_parts_alone(device: str) -> None:
     the non-finite flags."""
     import idmix_kernels as kern
 
-    from idmix.functional.interdomain import chunk_torch
-    from idmix.functional.interdomain.chunk_layout import (
+    from idmix.functional.interdomain import shared
+    from idmix.functional.interdomain.layout import (
         DocMasks,
+        chunk_decays,
         chunk_view,
         to_chunks,
         to_chunks_T,
     )
-    from idmix.functional.interdomain.decays import chunk_decays
 
     B, H, N, L, R, D, M = 2, 3, 2, 8, 5, 3, 4
     g = torch.Generator().manual_seed(1)
@@ -418,11 +418,11 @@ def check_parts_alone(device: str) -> None:
     G = torch.randn(H, 2 * M, 2 * M, generator=g).to(device)
     reset = torch.rand(B, N, L, generator=g).to(device) < 0.2
     qc, zT = to_chunks(q, N, L, torch.float32), to_chunks_T(k, v, N, L, torch.float32)
-    ops = chunk_torch.TorchChunkOps
+    ops = shared.TorchChunkOps
     views = [chunk_view(x, N, L, transpose=False) for x in (q, k, v)]
     for masks in (None, DocMasks(reset, torch.float32)):
         starts, Z_end = ops.chunk_states(zT, dec, Z0, masks, "ieee")
-        o_ref, f = chunk_torch._intra(qc, zT, starts, dec, G, masks, "ieee")
+        o_ref, f = shared._intra(qc, zT, starts, dec, G, masks, "ieee")
         r = None if masks is None else reset.view(torch.uint8)
         last = torch.empty_like(Z0)
         st = kern.chunk_states(views[1], views[2], dec.end, dec.chunk, Z0, last, r)
@@ -467,8 +467,7 @@ def check_split_scans(device: str) -> None:
     starts and an initial state."""
     import idmix_kernels as kern
 
-    from idmix.functional.interdomain.chunk_layout import chunk_view
-    from idmix.functional.interdomain.decays import chunk_decays
+    from idmix.functional.interdomain.layout import chunk_decays, chunk_view
 
     B, H, N, L, R, D, M = 2, 3, 11, 8, 5, 3, 4
     g = torch.Generator().manual_seed(3)
@@ -519,7 +518,7 @@ def check_real_decode(device: str) -> None:
     is updated in place in the layers' (B, H, R+D, 2M) layout. Grouped (4-dim) queries fall back
     to the torch step by default."""
     from idmix.functional import interdomain_decode_step_real
-    from idmix.functional.interdomain.realform import state_to_interleaved
+    from idmix.functional.interdomain.layout import state_to_interleaved
 
     p = make_problem(B=2, T=3, H=2, R=5, D=7, M=6, dtype=torch.float32)
     G = readout_gram(p["C"]).to(device)
@@ -548,7 +547,7 @@ def check_decode_mode_blocks(device: str) -> None:
     import idmix_kernels.decode_step as step_kernel
 
     from idmix.functional import interdomain_decode_step_real
-    from idmix.functional.interdomain.realform import state_to_interleaved
+    from idmix.functional.interdomain.layout import state_to_interleaved
 
     cases = ((1, 3, 16, 8, 33, 5), (2, 2, 5, 7, 20, 3), (1, 1, 256, 4, 20, 3))
     for B, H, R, D, M, blocks in cases:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from idmix.functional import interdomain_attention_real, readout_gram_real
-from idmix.functional.interdomain.context_parallel import interdomain_attention_context_parallel
+from idmix.functional.context_parallel import interdomain_attention_context_parallel
 from tests.distributed import exit_codes, run_ranks
 from tests.helpers import make_problem
 

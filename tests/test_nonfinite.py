@@ -184,14 +184,14 @@ def test_s4d_linear_readout_contains_too(base, with_reset):
 def test_containment_path_is_exact_on_finite_inputs(base, monkeypatch):
     """Compiled graphs and GPU tensors always take the containing path (no host sync to skip
     it): on finite inputs it changes nothing, gradients included."""
-    from idmix.functional.interdomain import nonfinite
+    from idmix.functional.interdomain import numerics
 
     p, reset = base
     leaves = lambda: {n: p[n].clone().requires_grad_() for n in ("q", "k", "v")}  # noqa: E731
     results = []
     for forced in (False, True):
         if forced:
-            monkeypatch.setattr(nonfinite, "check_values", lambda x: False)
+            monkeypatch.setattr(numerics, "check_values", lambda x: False)
         x = leaves()
         o, s = run(p, reset, "chunked", **x)
         (o.square().sum() + s[1].abs().sum()).backward()
@@ -205,7 +205,7 @@ def test_poisoned_rows_by_parallel_counts_equal_a_walk_along_t(seed):
     """``nonfinite._poisoned`` (cumulative counts and a gather at each document's start) marks
     exactly the positions a walk along T would: a bad position at or before t in t's document,
     or a bad initial state while document 0 lasts."""
-    from idmix.functional.interdomain.nonfinite import _poisoned
+    from idmix.functional.interdomain.numerics import _poisoned
 
     g = torch.Generator().manual_seed(seed)
     Bs, Ts, Hs = 3, 29, 2

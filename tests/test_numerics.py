@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from idmix.functional import interdomain_attention, interdomain_decode_step, readout_gram
-from idmix.functional.interdomain import chunked
+from idmix.functional.interdomain import shared
 from tests.helpers import assert_rel, make_problem, rel_rmse
 
 # every op here runs with fresh allocations poisoned to NaN (tests/helpers.PoisonEmpty)
@@ -93,7 +93,7 @@ def test_autograd_keeps_no_per_position_state():
         leaves = {n: p[n].requires_grad_() for n in ("q", "k", "v", "lam", "beta", "C")}
         sizes[M] = saved_bytes(lambda p=dict(p, **leaves): op(p))
         inputs = sum(leaves[n].numel() * 4 for n in ("q", "k", "v"))
-        segments = -(-T // chunked.SEGMENT_TOKENS)
+        segments = -(-T // shared.SEGMENT_TOKENS)
         per_state = B * H * (R + D) * 2 * M * 4
         # per-head tensors independent of T: Ĝ, C, and the decay tensors of one chunk length
         # (and the intermediates autograd keeps to carry their gradients on to λ and β)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from idmix.functional import interdomain_attention, interdomain_attention_real
-from idmix.functional.interdomain.precision import (
+from idmix.functional.interdomain.numerics import (
     GPU_DEFAULT,
     PRECISIONS,
     baddbmm,

@@ -26,7 +26,7 @@ from idmix.functional import (
     short_conv_with_resets,
 )
 from idmix.functional.interdomain import empty_state
-from idmix.functional.interdomain.realform import state_to_interleaved
+from idmix.functional.interdomain.layout import state_to_interleaved
 from idmix.modules import InterdomainAttention, SoftmaxAttention
 from tests.helpers import assert_rel, make_problem, selective_problem
 

@@ -18,7 +18,7 @@ from idmix.functional import (
     readout_gram,
     readout_gram_real,
 )
-from idmix.functional.interdomain.realform import interleaved_to_state, state_to_interleaved
+from idmix.functional.interdomain.layout import interleaved_to_state, state_to_interleaved
 from idmix.functional.s4d_readout import s4d_linear_readout, s4d_linear_readout_naive
 from tests.helpers import assert_rel, make_problem
 

@@ -19,7 +19,7 @@ from idmix.functional import (
     state_to_interleaved,
 )
 from idmix.functional.interdomain import selective
-from idmix.functional.interdomain.selective_pairs import fused, pair_dots, pair_sums, pair_tsums
+from idmix.functional.interdomain.selective import fused, pair_dots, pair_sums, pair_tsums
 from tests.helpers import TOL_FP64, assert_rel, selective_problem
 
 INPUTS = ("q", "k", "v", "lam", "beta", "C", "Xk0", "Xv0")

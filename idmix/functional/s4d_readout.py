@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .interdomain.nonfinite import contain, poison_output, poison_state
+from .interdomain.numerics import contain, poison_output, poison_state
 from .interdomain.validation import check_reset
 from .powers import complex_powers
 

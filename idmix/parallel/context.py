@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..functional.collectives import all_gather_with_grad
-from ..functional.interdomain.context_parallel import interdomain_attention_context_parallel
+from ..functional.context_parallel import interdomain_attention_context_parallel
 from ..functional.short_conv import short_conv_with_resets
 
 

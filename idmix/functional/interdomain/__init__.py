@@ -1,12 +1,15 @@
 """The core op of Interdomain Attention (docs/design.md §10: which file holds what)."""
 
-from .api import IMPLS, interdomain_attention, interdomain_attention_real
-from .closed_form import interdomain_attention_closed_form
-from .decay_values import SharedDecays, TokenDecays
+from .api import (
+    IMPLS,
+    interdomain_attention,
+    interdomain_attention_real,
+    interdomain_attention_varlen,
+    interdomain_attention_varlen_real,
+)
 from .decode import empty_state, interdomain_decode_step, interdomain_decode_step_real
-from .naive import interdomain_attention_naive
-from .realform import interleaved_to_state, state_to_interleaved
-from .varlen import interdomain_attention_varlen, interdomain_attention_varlen_real
+from .layout import SharedDecays, TokenDecays, interleaved_to_state, state_to_interleaved
+from .references import interdomain_attention_closed_form, interdomain_attention_naive
 
 __all__ = [
     "IMPLS",

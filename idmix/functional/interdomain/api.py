@@ -11,19 +11,25 @@ from typing import NamedTuple
 import torch
 
 from ..readout import readout_gram
-from .backend import shared_on_kernels
-from .chunked import chunk_decay_inputs
-from .chunked_kernels import chunked_kernels_forward
-from .chunked_op import chunked_forward
-from .closed_form import interdomain_attention_closed_form_real
-from .decay_values import Decays, SharedDecays, TokenDecays, decays_of
-from .naive import interdomain_attention_naive_real
-from .nonfinite import contain_state, poison_output, poison_state, sanitise
-from .precision import resolve_precision
-from .realform import interleaved_to_state, state_to_interleaved
-from .recurrent import interdomain_attention_recurrent
+from .driver import chunked_forward, selective_forward, shared_on_kernels
+from .layout import (
+    Decays,
+    SharedDecays,
+    TokenDecays,
+    decays_of,
+    interleaved_to_state,
+    state_to_interleaved,
+    varlen,
+)
+from .numerics import contain_state, poison_output, poison_state, resolve_precision, sanitise
+from .references import (
+    interdomain_attention_closed_form_real,
+    interdomain_attention_naive_real,
+    interdomain_attention_recurrent,
+)
 from .selective import SELECTIVE_CHUNK
-from .selective_op import selective_forward
+from .shared import chunk_decay_inputs
+from .triton_engine import chunked_kernels_forward
 from .validation import (
     CHUNKED_PATH,
     CHUNKED_PATH_REAL,
@@ -33,10 +39,12 @@ from .validation import (
     check_chunk_size,
     check_devices,
     check_inputs,
+    check_params,
     check_qkv,
     check_real_params,
     check_real_state,
     check_reset,
+    check_state,
     check_transforms,
     warn_if_unstable,
 )
@@ -93,6 +101,8 @@ IMPLEMENTATIONS = {
     ),
     "recurrent": Implementation(_without_options(interdomain_attention_recurrent), literal=False),
 }
+
+
 IMPLS = tuple(IMPLEMENTATIONS)
 
 
@@ -266,3 +276,103 @@ def interdomain_attention(
     opt = Options(chunk_size, backend, precision)
     o, Z = _run(q, k, v, decays, G_hat, Z0, reset, impl, opt)
     return (o, interleaved_to_state(Z, q.shape[-1])) if return_final_state else o
+
+
+# --- varlen ---
+# Variable-length packed sequences (``cu_seqlens``), each with its own initial and final
+# state, in the runtime form (N, H, R+D, 2M) interleaved real; the complex API a thin wrapper.
+def interdomain_attention_varlen_real(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam_ri: torch.Tensor,
+    beta_ri: torch.Tensor,
+    G_hat: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | None = None,
+    return_final_state: bool = False,
+    chunk_size: int = 64,
+    impl: str = "chunked",
+    backend: str = "auto",
+    precision: str = "auto",
+):
+    """``interdomain_attention_real`` over N packed sequences: q, k: (1, S, H, R); v:
+    (1, S, H, D); lam_ri, beta_ri: (H, M, 2), or per token (1, S, H, M, 2) packed like q;
+    G_hat (H, 2M, 2M); cu_seqlens: (N+1,) int offsets 0 = c_0 < … < c_N = S (length-1
+    sequences allowed); initial_state: (N, H, R+D, 2M) real or None (zeros). Each sequence
+    runs as if alone. Returns o: (1, S, H, D), or (o, final states (N, H, R+D, 2M)) if
+    return_final_state."""
+    S, H = check_qkv(q, k, v)[1:3]
+    M = check_real_params(lam_ri, beta_ri, G_hat, H, lead=(1, S))
+    check_devices("q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, initial_state=initial_state)
+    if initial_state is not None:  # its shape against cu_seqlens: varlen
+        check_real_state(initial_state, "initial_state")
+    if impl == "chunked":
+        check_transforms(
+            "interdomain_attention_varlen_real", CHUNKED_PATH_REAL, PLAIN_IMPLS,
+            q, k, v, lam_ri, beta_ri, G_hat, initial_state,
+        )  # fmt: skip
+    per_token = lam_ri.dim() == 5  # (1, S, H, M, 2): packed with the tokens
+
+    def attend(tokens, reset, init):
+        lam, beta = tokens[3:] if per_token else (lam_ri, beta_ri)
+        return interdomain_attention_real(
+            *tokens[:3], lam, beta, G_hat, init, chunk_size=chunk_size, impl=impl, reset=reset,
+            backend=backend, precision=precision,
+        )  # fmt: skip
+
+    tokens = [q, k, v, lam_ri, beta_ri] if per_token else [q, k, v]
+    o, state = varlen(attend, tokens, cu_seqlens, M, initial_state, return_final_state)
+    return (o, state) if return_final_state else o
+
+
+def interdomain_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lam: torch.Tensor,
+    beta: torch.Tensor,
+    C: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    readout: str = "conj",
+    initial_state: State | None = None,
+    return_final_state: bool = False,
+    chunk_size: int = 64,
+    impl: str = "chunked",
+    backend: str = "auto",
+    precision: str = "auto",
+):
+    """``interdomain_attention`` over N packed sequences of different lengths: q, k:
+    (1, S, H, R); v: (1, S, H, D); lam, beta: (H, M), or per token (1, S, H, M) packed like q;
+    cu_seqlens as for ``interdomain_attention_varlen_real``; initial_state: (Xk (N, H, M, R),
+    Xv (N, H, M, D)) complex, one state per sequence, zeros if None. Returns o: (1, S, H, D),
+    or (o, final states (N, H, M, R), (N, H, M, D)) if return_final_state. The other arguments
+    are those of ``interdomain_attention``; a thin wrapper of the real form."""
+    S, H = check_qkv(q, k, v)[1:3]  # ranks and sizes before the batch-of-one rule and indexing
+    M = check_params(lam, beta, C, H, readout, BT=(1, S))
+    check_devices("q", q, lam=lam, beta=beta, C=C, initial_state=initial_state)
+    if impl == "chunked":
+        check_transforms(
+            "interdomain_attention_varlen", CHUNKED_PATH, PLAIN_IMPLS,
+            q, k, v, lam, beta, C, initial_state,
+        )  # fmt: skip
+    R, D = q.shape[-1], v.shape[-1]
+    _, cdtype = compute_dtypes(q)
+    init = None
+    if initial_state is not None:
+        # one state per sequence: varlen checks that count against cu_seqlens
+        first = initial_state[0] if isinstance(initial_state, (tuple, list)) else None
+        N = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() == 4 else -1
+        check_state(initial_state, N, H, M, R, D, "initial_state")
+        init = state_to_interleaved(*(s.to(cdtype) for s in initial_state))
+    out = interdomain_attention_varlen_real(
+        q, k, v, *(torch.view_as_real(x.to(cdtype)) for x in (lam, beta)),
+        readout_gram(C.to(cdtype), readout), cu_seqlens, initial_state=init,
+        return_final_state=return_final_state, chunk_size=chunk_size, impl=impl,
+        backend=backend, precision=precision,
+    )  # fmt: skip
+    if not return_final_state:
+        return out
+    return out[0], interleaved_to_state(out[1], R)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .backend import takes_triton
-from .realform import as_complex, interleaved_to_state, state_to_interleaved
+from .driver import takes_triton
+from .layout import as_complex, interleaved_to_state, state_to_interleaved
 from .validation import (
     DECODE_COMPLEX_STATE_DTYPES,
     DECODE_STATE_DTYPES,

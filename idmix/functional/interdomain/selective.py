@@ -35,14 +35,39 @@ from __future__ import annotations
 
 import torch
 
-from .forms import scan_complex
-from .precision import matmul
-from .realform import as_complex as _complex
-from .realform import as_interleaved as _real
-from .segments import Piece
-from .selective_chunks import Chunked, chunks, from_start, gram, mm_rc, mm_re, prepare, unchunk
+from .layout import Chunked, Piece, chunks, parts, prepare, unchunk_tokens
+from .layout import as_complex as _complex
+from .layout import as_interleaved as _real
+from .numerics import compiled, have_cxx, matmul, scan_complex
+
+
+def mm_rc(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.Tensor:
+    """a @ b for real a (.., I, K) and complex b (.., K, N), as one real GEMM on b's
+    interleaved view (operands at precision): complex (.., I, N)."""
+    return _complex(matmul(a, _real(b.resolve_conj()), precision))
+
+
+def mm_re(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.Tensor:
+    """Re Σ_m a[i, m] conj(b[j, m]) for complex a (.., I, M), b (.., J, M), as one real GEMM of
+    the interleaved views (operands at precision): (.., I, J)."""
+    return matmul(_real(a.resolve_conj()), _real(b.resolve_conj()).mT, precision)
+
+
+def from_start(ch: Chunked, Xk: torch.Tensor, precision: str) -> torch.Tensor:
+    """Xᵏ q_t from the chunk start: (B, H, n, L, M)."""
+    return mm_rc(ch.q, Xk, precision)
+
+
+def gram(x: torch.Tensor, G: torch.Tensor, precision: str) -> torch.Tensor:
+    """x̂ G per position, one GEMM per (row, head): x (B, H, n, L, M) complex, G (H, 2M, 2M)
+    real interleaved -> (B, H, n, L, M) complex (G is not copied per chunk)."""
+    out = matmul(_real(x).flatten(2, 3), G, precision)  # (B, H, n·L, 2M)
+    return _complex(out).view(x.shape)
+
 
 SELECTIVE_CHUNK = 16
+
+
 SELECTIVE_SEGMENT = 256
 
 
@@ -50,7 +75,7 @@ def _segment_len(L: int) -> int:
     return max(L, SELECTIVE_SEGMENT // L * L)
 
 
-def plan(T: int, L: int) -> list[Piece]:
+def selective_plan(T: int, L: int) -> list[Piece]:
     """Segments of SELECTIVE_SEGMENT positions (a multiple of L) each; the last one ragged (its
     chunks zero-padded inside the piece)."""
     S = _segment_len(L)
@@ -58,7 +83,7 @@ def plan(T: int, L: int) -> list[Piece]:
 
 
 def num_segments(T, L: int):
-    """len(plan(T, L)) in arithmetic only, so that a symbolic T adds no guard."""
+    """len(selective_plan(T, L)) in arithmetic only, so that a symbolic T adds no guard."""
     S = _segment_len(L)
     return (T + S - 1) // S
 
@@ -79,7 +104,7 @@ def segment_forward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, ops, precisio
     ch = prepare(q, k, v, lam_ri, beta_ri, reset, L, ops.needs_log_decay)
     Xs, X = chunk_starts(ch, X0, precision)
     o = ops.intra_forward(ch, Xs, G_hat, q.shape[-1], precision)
-    return unchunk(o, q.shape[1]), X
+    return unchunk_tokens(o, q.shape[1]), X
 
 
 def segment_backward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, ops, precision, g_o, g_X):
@@ -139,9 +164,9 @@ def segment_backward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, ops, precisi
     tiny = torch.finfo(ch.rho.dtype).tiny
     inv_conj = ch.lam / (ch.lam.real.square() + ch.lam.imag.square()).clamp_min(tiny)
     return (
-        unchunk(g_q, T), unchunk(g_k + g_z[..., :R], T), unchunk(g_v + g_z[..., R:], T),
-        torch.view_as_real(unchunk(g_log * inv_conj, T)),
-        torch.view_as_real(unchunk(g_beta, T)), g_G, G,
+        *(unchunk_tokens(g, T) for g in (g_q, g_k + g_z[..., :R], g_v + g_z[..., R:])),
+        torch.view_as_real(unchunk_tokens(g_log * inv_conj, T)),
+        torch.view_as_real(unchunk_tokens(g_beta, T)), g_G, G,
     )  # fmt: skip
 
 
@@ -168,3 +193,149 @@ class SelectiveSegments:
             do, _complex(dZ_end),
         )  # fmt: skip
         return g, {0: g_G}, _real(g_X)
+
+
+# --- selective_pairs ---
+# The work over (t, s) pairs of the per-token path, factored so that only a real kernel is
+# per pair: D[t, s] = K[t, s] · u_t · conj(u_s), with
+#
+#     K[t, s] = exp(ρ_t − ρ_s) for s ≤ t in one document, else 0   (ρ: cumulative log|λ|),
+#     u_t = Π_{r≤t} λ_r / |λ_r|                                     (unit phasors, a cumprod).
+#
+# Every exponent is ≤ 0 (nothing overflows; the exp is taken per pair, never split into a
+# product exp(ρ_t)·exp(−ρ_s), which would overflow at Δ_t·|Re A| ≳ 88/L), and the phase rides on
+# products of unit factors with no angle to wrap. The phasors fold into the vectors outside the
+# pair sums (β̃ = conj(u) ⊙ β, w̃ = conj(u) ⊙ w), so each sum below is one real kernel times
+# real vectors, over modes kept innermost.
+#
+# Each function is elementwise-then-reduce over an (L, L, M) product. Eager PyTorch would
+# materialise it; on CPU the functions run through Inductor (``torch.compile``), which fuses the
+# exp, the products and the reduction into one loop nest and never stores a pair tensor (the
+# first call per function and dtype compiles, with dynamic shapes so new lengths do not
+# recompile; ``benchmarks/bench_selective_cpu.py`` measures the path). Inside a region already being
+# compiled, and where no
+# C++ compiler is found, the plain functions run (same code, same numbers up to rounding).
+# Shapes: (.., L, M) per position and mode, (.., L, L) per pair; `doc` (.., L) document index
+# within the chunk (pairs in different documents are cut), or None.
+def _kernel(rho: torch.Tensor, doc: torch.Tensor | None) -> torch.Tensor:
+    """K[t, s, m] = exp(ρ_t − ρ_s) on the causal pairs of one document, else 0: (.., L, L, M)."""
+    L = rho.shape[-2]
+    i = torch.arange(L, device=rho.device)
+    keep = (i[:, None] >= i[None, :])[..., None]  # (L, L, 1)
+    if doc is not None:
+        keep = keep & (doc[..., :, None] == doc[..., None, :])[..., None]
+    exponent = rho[..., :, None, :] - rho[..., None, :, :]
+    return torch.exp(torch.where(keep, exponent, float("-inf")))
+
+
+def pair_sums(W, rho, doc, xr, xi):
+    """Σ_s W[i, t, s] K[t, s] x_s for each weight matrix i: W (.., I, L, L); x = xr + i·xi
+    (.., L, M). Returns (re, im), each (.., I, L, M)."""
+    KW = W[..., None] * _kernel(rho, doc)[..., None, :, :, :]  # (.., I, L, L, M)
+    return (KW * xr[..., None, None, :, :]).sum(-2), (KW * xi[..., None, None, :, :]).sum(-2)
+
+
+def pair_dots(rho, doc, br, bi, xr, xi):
+    """Σ_m K[t, s, m] Re(conj(b_s) x_{i,t}) for each i: b = br + i·bi (.., L, M); x (.., I, L, M).
+    Returns (.., I, L, L)."""
+    K = _kernel(rho, doc)[..., None, :, :, :]  # (.., 1, L, L, M)
+    prod = (
+        xr[..., :, None, :] * br[..., None, None, :, :]
+        + xi[..., :, None, :] * bi[..., None, None, :, :]
+    )
+    return (K * prod).sum(-1)
+
+
+def pair_tsums(W, rho, doc, xr, xi):
+    """Σ_i Σ_t W[i, t, s] K[t, s] x_{i,t} (the transposed sum): W (.., I, L, L); x (.., I, L, M).
+    Returns (re, im), each (.., L, M)."""
+    KW = W[..., None] * _kernel(rho, doc)[..., None, :, :, :]  # (.., I, L, L, M)
+    return (KW * xr[..., :, None, :]).sum((-4, -3)), (KW * xi[..., :, None, :]).sum((-4, -3))
+
+
+def fused(fn, x: torch.Tensor):
+    """fn through Inductor for CPU tensors outside a compiled region (where a C++ compiler is
+    found), else fn itself."""
+    if x.is_cuda or torch.compiler.is_compiling() or not have_cxx():
+        return fn
+    return compiled(fn, dynamic=True)
+
+
+# --- selective_torch ---
+# The per-token path's work over (t, s) pairs in PyTorch (``selective_pairs``, fused by
+# Inductor on CPU) and its intra-chunk forward: the interface ``selective_triton`` supplies on
+# the Triton kernels. Shapes as in ``selective_chunks``.
+class Pairs:
+    """The work over the (t, s) pairs of every chunk (``selective_pairs``): D = K u_t conj(u_s)
+    with only the real K per pair, the phasors folded into the vectors (β̃ = conj(u) β)."""
+
+    def __init__(self, ch: Chunked):
+        self.rho, self.doc, self.u = ch.rho, ch.doc, ch.u
+        # contiguous real parts: strided views of complex tensors would keep Inductor from
+        # vectorising over modes
+        self.br, self.bi = parts(ch.u.conj_physical() * ch.beta)
+
+    def _folded(self, x) -> tuple[torch.Tensor, torch.Tensor]:
+        """conj(u) ⊙ x for each complex x (.., L, M), stacked at dim −3, as (re, im)."""
+        return parts(torch.stack(x, -3) * self.u.conj_physical()[..., None, :, :])
+
+    def sums(self, *W):
+        """Σ_s W[t, s] P[t, s] for each W (.., L, L): complex (.., L, M) each."""
+        re, im = fused(pair_sums, self.rho)(
+            torch.stack(W, -3), self.rho, self.doc, self.br, self.bi
+        )
+        return (self.u[..., None, :, :] * torch.complex(re, im)).unbind(-3)
+
+    def dots(self, *x):
+        """Re Σ_m conj(P[t, s, m]) x[t, m] for each complex x (.., L, M): (.., L, L) each."""
+        fn = fused(pair_dots, self.rho)
+        return fn(self.rho, self.doc, self.br, self.bi, *self._folded(x)).unbind(-3)
+
+    def tsums(self, W, x):
+        """Σ_i Σ_t conj(D[t, s]) W_i[t, s] x_i[t] (W, x lists): complex (.., L, M)."""
+        fn = fused(pair_tsums, self.rho)
+        re, im = fn(torch.stack(W, -3), self.rho, self.doc, *self._folded(x))
+        return self.u * torch.complex(re, im)
+
+
+class TorchPairs:
+    """The backward's work over the pairs of every chunk, given go (.., L, D), o's gradient."""
+
+    def __init__(self, ch: Chunked, go: torch.Tensor):
+        self.ch, self.pairs = ch, Pairs(ch)
+        self.go, self.g_S = go, go @ ch.v.mT  # (B, H, n, L, L)
+
+    def sums(self):
+        """(Σ_s A[t, s] P[t, s], Σ_s g_S[t, s] P[t, s]) in one pass over the pairs."""
+        return self.pairs.sums(self.ch.scores, self.g_S)
+
+    def grads(self, w, g_p):
+        """(g_q, g_k, g_v, g_β) through the pairs: S = Re conj(P)·w and ∂ℓ/∂A = Re conj(P)·g_p
+        in one pass; g_β_s = Σ_t conj(D[t, s]) (g_S[t, s] w_t + A[t, s] g_p(t)) in another."""
+        ch = self.ch
+        S, g_A = self.pairs.dots(w, g_p)
+        g_beta = self.pairs.tsums([self.g_S, ch.scores], [w, g_p])
+        return g_A @ ch.k, g_A.mT @ ch.q, S.mT @ self.go, g_beta
+
+
+class SelectiveTorchOps:
+    """The per-token primitives in PyTorch; needs_log_decay: whether ``prepare`` must build
+    the cumulative log-decay c (only the kernels read it)."""
+
+    needs_log_decay = False
+
+    @staticmethod
+    def pairs(ch: Chunked, go: torch.Tensor) -> TorchPairs:
+        return TorchPairs(ch, go)
+
+    @staticmethod
+    def intra_forward(ch: Chunked, Xs, G_hat, R: int, precision: str) -> torch.Tensor:
+        """The two intra-chunk passes from the chunk start states Xs (.., R+D, M) complex:
+        o (B, H, n, L, D)."""
+        pairs = Pairs(ch)
+        y = from_start(ch, Xs[..., :R, :], precision)
+        p = ch.F * y + pairs.sums(ch.scores)[0]
+        w = gram(p, G_hat.mT, precision)
+        S = pairs.dots(w)[0]
+        u = ch.F.conj_physical() * w
+        return mm_re(u, Xs[..., R:, :], precision) + S @ ch.v

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..collectives import all_gather_with_grad
-from .api import compute_dtypes, interdomain_attention_real
-from .validation import check_qkv, check_real_params, check_reset
+from .collectives import all_gather_with_grad
+from .interdomain.api import compute_dtypes, interdomain_attention_real
+from .interdomain.validation import check_qkv, check_real_params, check_reset
 
 
 def _complex(x_ri: torch.Tensor) -> torch.Tensor:
