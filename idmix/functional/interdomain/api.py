@@ -1,7 +1,8 @@
-"""The op's entry points: one real-form entry, ``interdomain_attention_real``, with one signature
-for every implementation (``IMPLEMENTATIONS``), and the complex API as a thin wrapper over it.
-The dtype policy (fp32, fp64 for fp64 inputs; no autocast) and the containment of non-finite
-inputs (``nonfinite``) are applied here, once."""
+"""The op's entry points, the first stage a call meets: one real-form entry,
+``interdomain_attention_real``, with one signature for every implementation
+(``IMPLEMENTATIONS``); the complex API as a thin wrapper over it; the packed-sequence
+(``cu_seqlens``) entries over both. The dtype policy (fp32, fp64 for fp64 inputs; no autocast) and
+the containment of non-finite inputs (``numerics``) are applied here, once."""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def _without_options(fn):
 class Implementation(NamedTuple):
     """run(q, k, v, decays, G_hat, Z0, reset, options) -> (o in q's dtype, final state);
     literal: it runs on the inputs as given (a per-step recurrence confines a NaN/inf by
-    itself); otherwise it sees sanitised inputs and the damage is put back (``nonfinite``)."""
+    itself); otherwise it sees sanitised inputs and the damage is put back (``numerics``)."""
 
     run: Callable
     literal: bool
@@ -121,7 +122,7 @@ def _check_impl(impl, precision) -> None:
 
 
 def _on_kernels(q, k, v, decays: SharedDecays, G_hat, initial_state, opt: Options, reset):
-    """Shared decays on the Triton kernels (``chunked_kernels``): containment happens inside the
+    """Shared decays on the Triton kernels (``triton_engine``): containment happens inside the
     op; only an initial state is checked here (its non-finite entries zeroed, its heads marked),
     so that with none given the call adds no PyTorch op around the kernels."""
     Z0 = bad_init = None
@@ -254,7 +255,7 @@ def interdomain_attention(
     state is that of each row's last sequence.
     precision (impl "chunked"): of its matrix products, "ieee" (fp32), "tf32" or "bf16"
     (operands rounded, fp32 accumulation: the GPU's tensor cores; emulated on CPU), or "auto":
-    ``precision.GPU_DEFAULT`` on CUDA, "ieee" elsewhere (docs/precision.md: the errors of each).
+    ``numerics.GPU_DEFAULT`` on CUDA, "ieee" elsewhere (docs/precision.md: the errors of each).
     """
     check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size)
     check_reset(reset, *q.shape[:2])
@@ -278,9 +279,11 @@ def interdomain_attention(
     return (o, interleaved_to_state(Z, q.shape[-1])) if return_final_state else o
 
 
-# --- varlen ---
+# --- packed sequences (cu_seqlens) ---
 # Variable-length packed sequences (``cu_seqlens``), each with its own initial and final
 # state, in the runtime form (N, H, R+D, 2M) interleaved real; the complex API a thin wrapper.
+
+
 def interdomain_attention_varlen_real(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -1,11 +1,11 @@
-"""The one segment driver of the chunked paths (shared and per-token decays): plan, forward,
-recompute-backward.
+"""The chunked paths' driver: ``backend=`` resolved once per call, the one segment driver (plan,
+forward, recompute-backward) for shared and per-token decays, and their custom-op pairs.
 
 A sequence runs in pieces of whole chunks (a segment); only the state carried between pieces
 is sequential. The forward keeps nothing but the state at each piece's start; the backward
 walks the pieces in reverse and recomputes each one from its start state, so memory is bounded
-by one piece whatever T. What a piece computes is plugged in (``SegmentMath``): ``chunked`` for
-shared decays, ``selective`` for per-token ones.
+by one piece whatever T. What a piece computes is plugged in (``SegmentMath``):
+``shared.SharedSegments`` for shared decays, ``selective.SelectiveSegments`` for per-token ones.
 
 tokens: the per-position inputs, each (B, T, H, ·): q, k, v, then per-token decays if any;
 params: the inputs every piece shares (decays, Ĝ); states (B, H, R+D, 2M) interleaved real.
@@ -87,17 +87,19 @@ def run_backward(math: SegmentMath, plan: list[Piece], tokens, params, starts, d
     return d_tokens, d_params, dZ
 
 
-# --- backend ---
+# --- backend resolution ---
 # ``backend=`` resolved once per call into the object that supplies the segment primitives.
 #
 # "torch": PyTorch, eager; "inductor": the same PyTorch pieces compiled by torch.compile (their
 # glue fused around the GEMMs); "triton": the kernels of ``idmix_kernels`` (CUDA, or on CPU the
 # Triton interpreter); "auto": triton for CUDA tensors where it is installed, else torch. This is
 # the only place the Triton-vs-torch decision is made (the decode step asks ``takes_triton``).
+
+
 class Backend(NamedTuple):
     """name: "torch", "inductor" or "triton"; chunk: the shared-decay primitives
-    (``chunk_torch``'s interface; None for "triton", whose shared-decay path is its own op,
-    ``chunked_kernels``); selective: the per-token ones (``selective_torch``'s);
+    (``shared.TorchChunkOps``'s interface; None for "triton", whose shared-decay path is its own op,
+    ``triton_engine``); selective: the per-token ones (``selective.SelectiveTorchOps``'s);
     compile_pieces: whether the shared pieces run compiled by Inductor."""
 
     name: str
@@ -130,7 +132,7 @@ def takes_triton(backend: str, x: torch.Tensor) -> bool:
 
 
 def shared_on_kernels(backend: str, x: torch.Tensor) -> bool:
-    """Whether the shared-decay chunked path runs on the kernels (``chunked_kernels``) for
+    """Whether the shared-decay chunked path runs on the kernels (``triton_engine``) for
     inputs like x: as ``resolve_backend`` would pick "triton", without building the backend (so
     that torch.compile traces it as a plain condition)."""
     if backend == "inductor" or not _wants_triton(backend, x):
@@ -162,7 +164,7 @@ def resolve_backend(backend: str, x: torch.Tensor) -> Backend:
     return Backend("triton", None, SelectiveTritonOps(kernels_module()), False)
 
 
-# --- chunked_op ---
+# --- shared decays: the custom-op pair ---
 # The shared-decay chunked path as torch custom ops (``idmix::chunked_forward`` and
 # ``idmix::chunked_backward``): torch.compile and torch.export see one opaque node per direction
 # (the segment loop, complex views and in-place scans stay out of the traced graph), and every
@@ -174,7 +176,9 @@ def resolve_backend(backend: str, x: torch.Tensor) -> Backend:
 # it); decays = ``chunk_decay_inputs(...)`` (6 tensors: chunk length L, then the tail T % L);
 # G_hat (H, 2M, 2M) interleaved; Z0 (B, H, R+D, 2M) in the compute dtype (fp32, or fp64 for fp64
 # inputs); reset (B, T) bool or None; backend one of validation.BACKENDS; precision resolved
-# ("ieee", "tf32" or "bf16": precision.py).
+# ("ieee", "tf32" or "bf16": numerics.py).
+
+
 def _segments(q, decays, G_hat, chunk_size, backend, precision):
     math = SharedSegments(decays, G_hat, chunk_size, resolve_backend(backend, q), precision)
     return math, plan(q.shape[1], chunk_size, segment_tokens(q, chunk_size))
@@ -263,9 +267,9 @@ def _backward_shared(ctx, do, dZ_end, _d_starts):
 chunked_forward.register_autograd(_backward_shared, setup_context=_setup_shared)
 
 
-# --- selective_op ---
+# --- per-token decays: the custom-op pair ---
 # The per-token (selective) chunked path as torch custom ops (``idmix::selective_forward``
-# and ``idmix::selective_backward``), registered like ``chunked_op``: one opaque node per
+# and ``idmix::selective_backward``), registered like the shared pair above: one opaque node per
 # direction for torch.compile and torch.export, every kernel launch inside one, and no argument
 # with a default.
 #
@@ -273,6 +277,8 @@ chunked_forward.register_autograd(_backward_shared, setup_context=_setup_shared)
 # interleaved; Z0 (B, H, R+D, 2M) interleaved real; one real dtype throughout; reset (B, T) bool
 # or None; chunk_size: the chunk length (≤ SELECTIVE_CHUNK); backend one of validation.BACKENDS;
 # precision resolved, of the contractions with a state or Ĝ (the pair work is fp32).
+
+
 @torch.library.custom_op("idmix::selective_forward", mutates_args=())
 def selective_forward(
     q: torch.Tensor,

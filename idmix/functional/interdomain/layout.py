@@ -1,4 +1,8 @@
-"""Real-form helpers. Complex dtypes never reach the GEMM paths: a complex vector over M modes
+"""How the op's tensors are laid out: the interleaved real form, the decay values and their
+tables per chunk length, the chunk layouts of the shared and per-token paths, the pieces a
+sequence runs in, and packed (``cu_seqlens``) sequences.
+
+Real form. Complex dtypes never reach the GEMM paths: a complex vector over M modes
 becomes 2M interleaved reals (re₀, im₀, re₁, …), the one layout of the runtime contract: the
 state (B, H, R+D, 2M) and Ĝ (H, 2M, 2M) (``view_as_complex`` of it is then free).
 """
@@ -97,11 +101,13 @@ def as_interleaved(x: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(x).flatten(-2)
 
 
-# --- decay_values ---
+# --- decay values ---
 # The decays an op call runs with, as typed values: shared per head, or one per token.
 #
 # Real form (interleaved [re, im] in the last dimension, ``discretize_real``): the op's
 # implementations take one of these, and each path is chosen by type, never by rank.
+
+
 class SharedDecays(NamedTuple):
     """λ and β shared by every position: lam_ri, beta_ri (H, M, 2)."""
 
@@ -133,12 +139,14 @@ def decays_of(lam_ri: torch.Tensor, beta_ri: torch.Tensor) -> Decays:
     return (TokenDecays if lam_ri.dim() == 5 else SharedDecays)(lam_ri, beta_ri)
 
 
-# --- decays ---
+# --- decay tables of one chunk length ---
 # Data-independent decay tensors of one chunk length L, built from (λ, β).
 #
 # Real form used by the chunked path: a complex vector over M modes is stored as 2M reals,
 # interleaved (re₀, im₀, re₁, im₁, …), so that ``torch.view_as_complex`` gives the complex
 # view for free while every contraction stays a real GEMM.
+
+
 class ChunkDecays(NamedTuple):
     """start: (H, L, 2M)  λ^{i+1}: decay of the chunk-start state to position i
     end: (H, L, 2M)    β λ^{L-1-s}: weight of input s in the chunk-end state; read backwards it
@@ -166,12 +174,14 @@ def chunk_decays(lam_ri: torch.Tensor, beta_ri: torch.Tensor, L: int) -> ChunkDe
     )
 
 
-# --- chunk_layout ---
+# --- the shared-decay chunk layout ---
 # Layouts of the shared-decay chunked path: a piece of the sequence as chunks, and document
 # starts as masks.
 #
 # Inside a segment: q (B, H, N, L, R); zT = [kᵀ; vᵀ] (B, H, N, R+D, L); per-position mode vectors
 # (.., L, 2M) and states (.., R+D, 2M) = [Xᵏ | Xᵛ]ᵀ, both in interleaved real form.
+
+
 class DocMasks:
     """Document boundaries inside a segment (from reset: (B, N, L), True where a document
     starts), as 0/1 float masks broadcastable against (B, H, N, ...) tensors. All masked
@@ -234,10 +244,12 @@ def to_chunks_T(k: torch.Tensor, v: torch.Tensor, n: int, L: int, dtype) -> torc
     return zT
 
 
-# --- selective_chunks ---
+# --- the per-token chunk layout ---
 # The per-token path's chunk layout and the decays it implies (``selective``): a piece of
 # the sequence as chunks (B, H, n, L, ...), with the magnitude and phase of the decays kept apart
-# (every exponent ≤ 0), and the real-GEMM forms of its complex contractions.
+# (every exponent ≤ 0).
+
+
 def chunks(x: torch.Tensor, n: int, L: int) -> torch.Tensor:
     """(B, T, H, ...) -> (B, H, n, L, ...), zero-padded at the end to n·L positions."""
     pad = n * L - x.shape[1]

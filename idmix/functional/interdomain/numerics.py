@@ -1,17 +1,15 @@
-"""The `precision=` choice of the chunked paths: at what precision their matrix products multiply.
+"""How the chunked paths compute: the precision of their products, the compiled-vs-eager forms of
+their complex arithmetic, and the containment of non-finite inputs.
+
+The `precision=` choice: at what precision the matrix products multiply.
 
 - "ieee": fp32 operands, IEEE fp32 multiply-adds (the CPU default, and fp64 inputs always);
-- "tf32": operands rounded to TF32 (10 mantissa bits), fp32 accumulation: the tensor cores'
-  TF32 mode on a GPU;
-- "bf16": operands rounded to bf16 (7 mantissa bits), fp32 accumulation: the tensor cores' bf16
-  mode;
+- "tf32" / "bf16": operands rounded to TF32 (10 mantissa bits) / bf16 (7), fp32 accumulation:
+  the tensor cores' modes on a GPU;
 - "auto": ``GPU_DEFAULT`` for CUDA tensors, "ieee" otherwise.
 
-Only the operands of products are rounded: decays, states and every accumulator stay fp32,
-and so does each product's result. The same rule holds in every engine, so the PyTorch path
-computes what the Triton kernels compute (to summation order): on CUDA its GEMMs run on the
-tensor cores at that precision, on CPU the rounding is emulated (operands rounded, then an fp32
-GEMM), which is how docs/precision.md measured each choice's error against the fp64 reference.
+Only the operands of products are rounded (decays, states, accumulators and results stay fp32),
+in every engine alike: on CUDA on the tensor cores, on CPU emulated (docs/precision.md).
 """
 
 from __future__ import annotations
@@ -31,12 +29,9 @@ from .layout import as_interleaved as _r
 PRECISIONS = ("auto", "ieee", "tf32", "bf16")
 
 
-# The GPU default, chosen from the errors measured against the fp64 reference at T = 4K and 64K
-# (docs/precision.md, benchmarks/precision_error.py): TF32 keeps every output, state and gradient
-# within 7e-4 of the fp64 result (below what bf16 inputs alone cost, 1.7e-3 and up). The unfused
-# kernels are bound by their fp32 intermediates' traffic, so bf16 products buy little speed today
-# for 1.4-2x the error of bf16 inputs; fused, the op is compute-bound (benchmarks/roofline.py)
-# and this choice is to be made again on the fused kernels' measurement.
+# The GPU default, from the errors against the fp64 reference (docs/precision.md): TF32 keeps
+# every output, state and gradient within what bf16 inputs alone cost; bf16 products cost 1.4-2x
+# that error. To be chosen again on the fused kernels' measurement (benchmarks/roofline.py).
 GPU_DEFAULT = "tf32"
 
 
@@ -80,8 +75,7 @@ def rounded(x: torch.Tensor, precision: str) -> torch.Tensor:
 @contextlib.contextmanager
 def _cuda_tf32():
     """cuBLAS in TF32 mode for the duration (a process-wide flag, restored on exit)."""
-    flags = torch.backends.cuda.matmul
-    before = flags.allow_tf32
+    flags, before = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
     flags.allow_tf32 = True
     try:
         yield
@@ -123,8 +117,9 @@ def baddbmm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, precision: str 
     return torch.baddbmm(acc, rounded(a, precision), rounded(b, precision))
 
 
-# --- compiled ---
-# Plain PyTorch functions compiled by Inductor behind the ops (one cache for every caller).
+# --- compiled pieces: one Inductor cache for every caller ---
+
+
 @functools.cache
 def compiled(fn, **options):
     """torch.compile(fn, **options), built once per process for each (fn, options)."""
@@ -137,15 +132,15 @@ def have_cxx() -> bool:
     return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 
 
-# --- forms ---
-# The compiled-vs-eager forms of the chunked paths' complex arithmetic: the only module that
-# asks whether it is being traced.
-#
-# Eager, one complex kernel on views of the interleaved reals (…, 2M) is fastest, and the scans
-# write each step in place. Under torch.compile the complex views do not trace (Dynamo rejects
-# ``view_as_complex`` of fake tensors) and ``out=`` into a strided slice does not either, so the
-# traced form is real arithmetic on the (re, im) pairs and functional loops, which Inductor fuses
-# with their neighbours. Both forms compute the same values (tested).
+# --- compiled-vs-eager forms ---
+# The only code of the chunked paths that asks whether it is being traced. Eager, one complex
+# kernel on views of the interleaved reals (…, 2M) is fastest, and the scans write each step in
+# place. Under torch.compile the complex views do not trace (Dynamo rejects ``view_as_complex`` of
+# fake tensors) and ``out=`` into a strided slice does not either, so the traced form is real
+# arithmetic on the (re, im) pairs and functional loops, which Inductor fuses with their
+# neighbours. Both forms compute the same values (tested).
+
+
 def _tracing() -> bool:
     return torch.compiler.is_compiling()
 
@@ -176,11 +171,8 @@ def cmul_conj(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def dot_conj(x: torch.Tensor, g: torch.Tensor, dim) -> torch.Tensor:
     """Σ_dim g ⊙ conj(x) (the gradient of a ⊙ x with respect to a); dim counts as in the complex
-    view (the last dimension is the mode).
-
-    An explicit conj_physical, not linalg.vecdot's lazy conjugate: a custom op's body run
-    under a TorchDispatchMode (FlopCounterMode, a debug or poison mode) is dispatched with the
-    conjugate fallback excluded, and vecdot then silently drops the conjugation."""
+    view. An explicit conj_physical: under a TorchDispatchMode a custom op's body runs without
+    the conjugate fallback, and linalg.vecdot's lazy conjugate would be silently dropped."""
     return cmul_conj(x, g).sum(dim)
 
 
@@ -189,8 +181,7 @@ def shear_in(A: torch.Tensor) -> torch.Tensor:
 
     Lines the causal part of each row up with ``end[j] = β λ^{L-1-j}``, so that
     Σ_{s<=t} A[t, s] β λ^{t-s} = (Y @ end)[t]: the intra-chunk decay becomes one shared matrix.
-    Eager: a zero-padded copy read through a strided view; traced: pads and reshapes, which
-    Inductor fuses. The adjoint of :func:`shear_out`.
+    Eager: a strided view of a zero-padded copy; traced: pads and reshapes. Adjoint of shear_out.
     """
     L = A.shape[-1]
     if _tracing():
@@ -274,9 +265,7 @@ def scan_complex(inc: torch.Tensor, carry: torch.Tensor, first: torch.Tensor, re
     return xs, torch.addcmul(inc[:, :, prev], carry[:, :, prev], xs[:, :, prev])
 
 
-# --- nonfinite ---
-# Containment of non-finite inputs for the fast paths (chunked, its kernels, closed form).
-#
+# --- non-finite containment (the fast paths: chunked, its kernels, closed form) ---
 # The per-step recurrence contains a NaN/inf by itself: it reaches the state at its position and
 # every later position of its document, and a reset (a select, never a product with 0) drops it.
 # The chunked path multiplies whole chunks (0·NaN = NaN inside a matrix product) and would spread
@@ -292,14 +281,15 @@ def scan_complex(inc: torch.Tensor, carry: torch.Tensor, first: torch.Tensor, re
 # Granularity is the head: where the recurrence would leave some channels finite (a NaN in one
 # value channel only), the whole head row is NaN here. Everything else (earlier positions, other
 # documents, other heads) equals the result on the sanitised inputs, i.e. is untouched.
+
+
 class Poison(NamedTuple):
     output: torch.Tensor  # (B, T, H) bool: output rows to set to NaN
     final: torch.Tensor  # (B, H) bool: final states to set to NaN
 
 
 def _finite(x: torch.Tensor) -> torch.Tensor:
-    """isfinite on the values only (on x itself autograd would save x for abs's backward)."""
-    return torch.isfinite(x.detach())
+    return torch.isfinite(x.detach())  # on x itself, autograd would save x for abs's backward
 
 
 def _bad(x: torch.Tensor) -> torch.Tensor:
@@ -330,8 +320,7 @@ def _surely_finite(x0, tensors, initial_state) -> bool:
 
 def _poisoned(bad: torch.Tensor, reset, bad_init) -> torch.Tensor:
     """(B, T, H): a bad position at or before t in t's document (or a bad initial state, for
-    document 0), by parallel ops only: the bad count before t's document start, subtracted
-    from the running count (no serial scan along T, as torch's cummax would be on a GPU)."""
+    document 0), by parallel ops only: the running bad count less its value at the doc start."""
     B, T, H = bad.shape
     count = bad.long().cumsum(dim=1)  # bad positions in [0, t]
     if reset is None:
@@ -354,8 +343,7 @@ def _poisoned(bad: torch.Tensor, reset, bad_init) -> torch.Tensor:
 
 
 def contain_state(state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A state (B, H, ...) -> (it with non-finite entries zeroed, (B, H) bool: heads that had
-    one)."""
+    """A state (B, H, ...) -> (it, non-finite entries zeroed; (B, H) bool: heads that had one)."""
     return _zero_nonfinite(state), ~_finite(state).flatten(2).all(dim=-1)
 
 

@@ -1,5 +1,6 @@
-"""References: the per-step complex recurrence (docs/design.md §1), written out literally,
-in the paper's complex form (C, readout) and on the real-form contract (Ĝ, interleaved state)."""
+"""The reference rungs (docs/design.md §8): the per-step complex recurrence (§1), written out
+literally, in the paper's complex form (C, readout) and on the real-form contract (Ĝ,
+interleaved state); the O(T²) closed form; T applications of the decode step."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def interdomain_attention_naive_real(q, k, v, decays: Decays, G_hat, Z0, reset=N
     return torch.stack(outs, dim=1).to(q.dtype), as_interleaved(X)
 
 
-# --- closed_form ---
+# --- the O(T²) closed form ---
 # Oracle: the attention-like O(T²) closed form (docs/design.md §1), for small T only.
 #
 # With Λ(s, t] = Π_{s<r≤t} λ_r (λ^{t-s} for shared decays) and g[t, s] = C (β_s ⊙ Λ(s, t])
@@ -91,6 +92,8 @@ def interdomain_attention_naive_real(q, k, v, decays: Decays, G_hat, Z0, reset=N
 #   a_t   = Σ_s g[t, s] (q_t · k_s) + C(Λ(-1, t] ⊙ X0ᵏ q_t)
 #   K[t,s'] = Re(g[t, s']ᴴ a_t)   (conj)   or   Re(g[t, s']ᵀ a_t)   (product)
 #   o_t   = Σ_{s'} K[t, s'] v_{s'} + Re((C(Λ(-1, t] ⊙ X0ᵛ))ᴴ a_t)   (ᵀ for product)
+
+
 class DecayFactors(NamedTuple):
     """Decay factors with a leading batch dim Bd (1 for shared decays, B for per-token ones)."""
 
@@ -211,9 +214,11 @@ def interdomain_attention_closed_form_real(q, k, v, decays: Decays, G_hat, Z0, r
     return o.to(q.dtype), as_interleaved(X)
 
 
-# --- recurrent ---
+# --- T decode steps ---
 # The op's impl "recurrent": T applications of the decode step (the code that decodes), over a
 # whole sequence.
+
+
 def interdomain_attention_recurrent(q, k, v, decays: Decays, G_hat, Z0, reset=None):
     """q, k: (B, T, H, R); v: (B, T, H, D); decays: SharedDecays or TokenDecays; G_hat
     (H, 2M, 2M); Z0 (B, H, R+D, 2M) in the compute dtype; reset (B, T) bool or None.

@@ -7,13 +7,13 @@ Inside a chunk of L positions the decay from s to t is D[t, s] = Π_{s<r≤t} λ
   non-increasing) and u_t = Π_{r≤t} λ_r/|λ_r| (a running product of unit phasors: no angle is
   ever formed, so nothing needs wrapping however large Δ·Im A grows; the product is exact to
   ~L ulps). D[t, s] = exp(ρ_t − ρ_s) u_t conj(u_s), with the exp taken per pair
-  (``selective_pairs``), so every real exponent is ≤ 0 and nothing overflows;
+  (the pair work below), so every real exponent is ≤ 0 and nothing overflows;
 - from the chunk start, F_t = exp(ρ_t) u_t, and to the chunk end, exp(ρ_{L−1} − ρ_s)
   u_{L−1} conj(u_s): again exponents ≤ 0 (GLA-style);
 - a reset (document start) at r zeroes the state before r: pairs across it are cut by a select
   on the exponent (−inf), the chunk start state and the chunk-end contributions by selects on
   F and on the chunk-end weights; nothing non-finite is ever multiplied by 0.
-The shared-decay math (``chunked.py``) is not routed through this code. Conjugates are
+The shared-decay math (``shared.py``) is not routed through this code. Conjugates are
 physical (``conj_physical``): the body runs inside a custom op, where a lazy conjugate is
 dropped when the op is dispatched with the conjugate fallback excluded (AOTAutograd does).
 
@@ -22,12 +22,12 @@ The intra-chunk work is O(L²M) per chunk (a decay per pair and mode), so chunks
 a state is one real GEMM on interleaved views (no complex GEMMs, no real→complex copies). The
 sequence runs in segments of ``SELECTIVE_SEGMENT`` positions (memory bounded by one segment,
 and its working set stays in cache). The segments run through the one segment
-driver (``segments``), as the custom ops of ``selective_op``: the forward keeps only its inputs
+driver, as its custom ops (``driver``): the forward keeps only its inputs
 and each segment's start state; the hand-written backward recomputes a segment's chunk states and
 pair sums from it. On CPU the pair sums run
-fused through Inductor (``selective_torch``); on the triton backend (CUDA, or the interpreter)
+fused through Inductor (``SelectiveTorchOps``); on the triton backend (CUDA, or the interpreter)
 the work over pairs, forward and backward, runs in ``idmix_kernels.selective_*`` instead
-(``selective_triton``), the pair decays held in
+(``triton_engine``), the pair decays held in
 registers (from the cumulative log-decay c, which only that path builds).
 """
 
@@ -171,7 +171,7 @@ def segment_backward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, ops, precisi
 
 
 class SelectiveSegments:
-    """The segment math of per-token decays (``segments.SegmentMath``): tokens q, k, v, lam_ri,
+    """The segment math of per-token decays (``driver.SegmentMath``): tokens q, k, v, lam_ri,
     beta_ri; params: Ĝ; states cross segments in interleaved real form (views, no copies).
 
     Per chunk, with P[t, s] = D[t, s] ⊙ β_s: p(t) = F ⊙ (Xᵏ q_t) + Σ_s A[t, s] P[t, s];
@@ -195,7 +195,7 @@ class SelectiveSegments:
         return g, {0: g_G}, _real(g_X)
 
 
-# --- selective_pairs ---
+# --- the pair work ---
 # The work over (t, s) pairs of the per-token path, factored so that only a real kernel is
 # per pair: D[t, s] = K[t, s] · u_t · conj(u_s), with
 #
@@ -217,6 +217,8 @@ class SelectiveSegments:
 # C++ compiler is found, the plain functions run (same code, same numbers up to rounding).
 # Shapes: (.., L, M) per position and mode, (.., L, L) per pair; `doc` (.., L) document index
 # within the chunk (pairs in different documents are cut), or None.
+
+
 def _kernel(rho: torch.Tensor, doc: torch.Tensor | None) -> torch.Tensor:
     """K[t, s, m] = exp(ρ_t − ρ_s) on the causal pairs of one document, else 0: (.., L, L, M)."""
     L = rho.shape[-2]
@@ -261,12 +263,14 @@ def fused(fn, x: torch.Tensor):
     return compiled(fn, dynamic=True)
 
 
-# --- selective_torch ---
-# The per-token path's work over (t, s) pairs in PyTorch (``selective_pairs``, fused by
-# Inductor on CPU) and its intra-chunk forward: the interface ``selective_triton`` supplies on
-# the Triton kernels. Shapes as in ``selective_chunks``.
+# --- the pair work in PyTorch ---
+# The per-token path's work over (t, s) pairs in PyTorch (the functions above, fused by
+# Inductor on CPU) and its intra-chunk forward: the interface ``triton_engine`` supplies on
+# the Triton kernels. Shapes as in ``layout``.
+
+
 class Pairs:
-    """The work over the (t, s) pairs of every chunk (``selective_pairs``): D = K u_t conj(u_s)
+    """The work over the (t, s) pairs of every chunk (the pair work above): D = K u_t conj(u_s)
     with only the real K per pair, the phasors folded into the vectors (β̃ = conj(u) β)."""
 
     def __init__(self, ch: Chunked):

@@ -1,14 +1,15 @@
-"""Shared decays on the chunked two-pass O(T) algorithm (docs/design.md §4): one segment's math,
-plugged into the segment driver (``segments``).
+"""Shared decays on the chunked two-pass O(T) algorithm (docs/design.md §4): the primitives in
+PyTorch (``TorchChunkOps``) and one segment's math from them, plugged into the segment driver
+(``driver``).
 
 The sequence is cut into chunks of L positions, grouped into segments of about
 ``SEGMENT_TOKENS`` positions (on a GPU, as many as ``segment_tokens`` allows). Within a segment
 every step is a batched matmul over all its chunks; the only sequential work is the chunk-state
 carry (one complex multiply-add per chunk). The backward is written out by hand: it recomputes
 one segment at a time from the state stored at its start. The primitives (scan, intra-chunk
-passes, their backward) come from the backend (``chunk_torch`` or ``chunk_triton``); sequence
+passes, their backward) come from the backend (``TorchChunkOps``); sequence
 starts (``reset``) become 0/1 masks on the intra-chunk weights, the chunk-start state's reach and
-the chunk-to-chunk carry (``chunk_layout.DocMasks``), in the forward and the backward alike.
+the chunk-to-chunk carry (``layout.DocMasks``), in the forward and the backward alike.
 """
 
 from __future__ import annotations
@@ -39,15 +40,16 @@ from .numerics import (
     shear_out,
 )
 
-
-# --- chunk_torch ---
+# --- the primitives in PyTorch ---
 # The shared-decay segment primitives in PyTorch (docs/design.md §4): the chunk-state scan,
-# the two intra-chunk passes, and their hand-written backward. ``chunk_triton`` supplies the same
-# four primitives on the Triton kernels; ``chunked`` composes them into a segment.
+# the two intra-chunk passes, and their hand-written backward. ``SharedSegments`` (below)
+# composes them into a segment; on the kernels, ``triton_engine`` runs its own segment loop.
 #
-# Shapes as in ``chunk_layout``; dec: ChunkDecays of the segment's chunk length L; G_hat
+# Shapes as in ``layout``; dec: ChunkDecays of the segment's chunk length L; G_hat
 # (H, 2M, 2M) interleaved; masks: DocMasks or None; precision of every product ("ieee", "tf32",
-# "bf16": precision.py).
+# "bf16": numerics.py).
+
+
 class IntraGrads(NamedTuple):
     """Gradients through the two intra-chunk passes of one segment (before the state scan)."""
 
@@ -310,7 +312,7 @@ def backward_piece(
 
 
 class SharedSegments:
-    """The segment math of shared decays (``segments.SegmentMath``). params: the six decay
+    """The segment math of shared decays (``driver.SegmentMath``). params: the six decay
     tensors of ``chunk_decay_inputs`` (chunk length L, then the tail T % L) and Ĝ."""
 
     def __init__(self, decays, G_hat, L: int, backend, precision: str):

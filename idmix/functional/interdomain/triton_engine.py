@@ -1,4 +1,5 @@
-"""The shared-decay chunked op on the Triton kernels, as torch custom ops
+"""The Triton side of the op: the ``idmix_kernels`` import, the per-token pair work on the kernels,
+and the shared-decay chunked op on them, as torch custom ops
 (``idmix::chunked_kernels_forward`` and ``idmix::chunked_kernels_backward``): every launch of
 the GPU training path. The forward launches the decay tables and the non-finite flags once, then
 per segment the chunk-start states and the output with p and w̃ = Ĝ p on chip
