@@ -15,7 +15,7 @@ alike, so it is compute-bound and bf16 products would then pay.
     python benchmarks/roofline.py --precision tf32 --markdown
 
 What moves through memory is counted from the code as it is (idmix/functional/interdomain/
-chunked_kernels.py and kernels/): the kernels read q, k, v and write o and the gradients by
+triton_engine.py and kernels/): the kernels read q, k, v and write o and the gradients by
 stride in the inputs' dtype, and keep every per-chunk tensor (start states, p, w̃, the decay
 partials) in fp32 in HBM; no document resets. The decays and Ĝ (per head, a few KB) live in L2 and
 are not counted. FlashAttention: FlashAttention-3 on an H100 SXM5, bf16, head dim 64 (Shah et

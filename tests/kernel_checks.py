@@ -86,7 +86,7 @@ CHUNKED_CASES = [
 ]
 # The checks compare the kernels with the PyTorch path at precision="ieee" ("auto" would be TF32 on
 # a GPU), except these: precision="tf32"/"bf16", the kernels against the PyTorch path at the same
-# precision (its rounding emulated on CPU, precision.py). The two round the same operands; what
+# precision (its rounding emulated on CPU, numerics.py). The two round the same operands; what
 # differs is the order of the fp32 sums, and, rarely, an operand that lands on the other side of a
 # rounding boundary (a product's operands are themselves sums). Measured over these cases (every
 # output, state and gradient): relative RMSE ≤ 5.5e-7 (tf32) and 1.5e-7 (bf16), worst position

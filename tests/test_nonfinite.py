@@ -202,7 +202,7 @@ def test_containment_path_is_exact_on_finite_inputs(base, monkeypatch):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_poisoned_rows_by_parallel_counts_equal_a_walk_along_t(seed):
-    """``nonfinite._poisoned`` (cumulative counts and a gather at each document's start) marks
+    """``numerics._poisoned`` (cumulative counts and a gather at each document's start) marks
     exactly the positions a walk along T would: a bad position at or before t in t's document,
     or a bad initial state while document 0 lasts."""
     from idmix.functional.interdomain.numerics import _poisoned
