@@ -418,10 +418,10 @@ def check_parts_alone(device: str) -> None:
     G = torch.randn(H, 2 * M, 2 * M, generator=g).to(device)
     reset = torch.rand(B, N, L, generator=g).to(device) < 0.2
     qc, zT = to_chunks(q, N, L, torch.float32), to_chunks_T(k, v, N, L, torch.float32)
-    ops = shared.TorchChunkOps
+    ops = shared.TorchChunkOps("ieee")
     views = [chunk_view(x, N, L, transpose=False) for x in (q, k, v)]
     for masks in (None, DocMasks(reset, torch.float32)):
-        starts, Z_end = ops.chunk_states(zT, dec, Z0, masks, "ieee")
+        starts, Z_end = ops.chunk_states(zT, dec, Z0, masks)
         o_ref, f = shared._intra(qc, zT, starts, dec, G, masks, "ieee")
         r = None if masks is None else reset.view(torch.uint8)
         last = torch.empty_like(Z0)

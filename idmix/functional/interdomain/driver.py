@@ -20,8 +20,8 @@ import torch
 
 from .layout import Piece
 from .numerics import compiled, have_cxx
-from .selective import SelectiveSegments, SelectiveTorchOps, num_segments, selective_plan
-from .shared import SharedSegments, TorchChunkOps, num_pieces, plan, segment_tokens
+from .selective import PairOps, SelectiveSegments, SelectiveTorchOps, num_segments, selective_plan
+from .shared import ChunkOps, SharedSegments, TorchChunkOps, num_pieces, plan, segment_tokens
 from .triton_engine import SelectiveTritonOps, kernels_if_installed, kernels_module
 from .validation import check_backend, refuse_double_backward
 
@@ -98,24 +98,23 @@ def run_backward(math: SegmentMath, plan: list[Piece], tokens, params, starts, d
 
 class Backend(NamedTuple):
     """name: "torch", "inductor" or "triton"; chunk: the shared-decay primitives
-    (``shared.TorchChunkOps``'s interface; None for "triton", whose shared-decay path is its own op,
-    ``triton_engine``); selective: the per-token ones (``selective.SelectiveTorchOps``'s);
-    compile_pieces: whether the shared pieces run compiled by Inductor."""
+    (``shared.ChunkOps``; None for "triton", whose shared-decay path is its own op in
+    ``triton_engine``); selective: the per-token ones (``selective.PairOps``), each with the
+    call's product precision bound in; compile_pieces: whether the shared pieces run compiled
+    by Inductor."""
 
     name: str
-    chunk: object
-    selective: object
+    chunk: ChunkOps | None
+    selective: PairOps
     compile_pieces: bool
 
     def run(self, piece):
         """The piece function as this backend runs it: compiled once per process and input
         shape for "inductor" (static shapes: a run at one length meets at most three, a full
         segment, a shorter last one and the ragged tail; not fullgraph, so that past Dynamo's
-        recompile limit it runs eagerly with torch's warning instead of failing), else as is
-        with the backend's primitives."""
-        if self.compile_pieces:
-            return compiled(piece, dynamic=False)
-        return functools.partial(piece, ops=self.chunk)
+        recompile limit it runs eagerly with torch's warning instead of failing), else as is.
+        Either way it takes the backend's primitives (``chunk``) as its last argument."""
+        return compiled(piece, dynamic=False) if self.compile_pieces else piece
 
 
 def _wants_triton(backend: str, x: torch.Tensor) -> bool:
@@ -146,22 +145,24 @@ def shared_on_kernels(backend: str, x: torch.Tensor) -> bool:
     return True
 
 
-_TORCH = Backend("torch", TorchChunkOps, SelectiveTorchOps, False)
+@functools.cache
+def _engines(name: str, precision: str) -> Backend:
+    """One Backend per (name, precision) for the process, so that compiled pieces, which take
+    its primitives as an argument, meet the same object on every call."""
+    if name == "triton":
+        return Backend(name, None, SelectiveTritonOps(kernels_module(), precision), False)
+    torch_ops = TorchChunkOps(precision), SelectiveTorchOps(precision)
+    return Backend(name, *torch_ops, name == "inductor")
 
 
-_INDUCTOR = Backend("inductor", TorchChunkOps, SelectiveTorchOps, True)
-
-
-def resolve_backend(backend: str, x: torch.Tensor) -> Backend:
-    """The Backend for inputs like x (the entry points have checked the name). The kernels
-    compute in fp32: fp64 inputs take torch ("triton" refuses them)."""
+def resolve_backend(backend: str, x: torch.Tensor, precision: str) -> Backend:
+    """The Backend for inputs like x at the resolved precision (the entry points have checked
+    the name). The kernels compute in fp32: fp64 inputs take torch ("triton" refuses them)."""
     if backend == "inductor":
         if not x.is_cuda and not have_cxx():
             raise RuntimeError("backend: 'inductor' on CPU needs a C++ compiler (g++ or clang++)")
-        return _INDUCTOR
-    if not shared_on_kernels(backend, x):
-        return _TORCH
-    return Backend("triton", None, SelectiveTritonOps(kernels_module()), False)
+        return _engines("inductor", precision)
+    return _engines("triton" if shared_on_kernels(backend, x) else "torch", precision)
 
 
 # --- shared decays: the custom-op pair ---
@@ -180,7 +181,7 @@ def resolve_backend(backend: str, x: torch.Tensor) -> Backend:
 
 
 def _segments(q, decays, G_hat, chunk_size, backend, precision):
-    math = SharedSegments(decays, G_hat, chunk_size, resolve_backend(backend, q), precision)
+    math = SharedSegments(decays, G_hat, chunk_size, resolve_backend(backend, q, precision))
     return math, plan(q.shape[1], chunk_size, segment_tokens(q, chunk_size))
 
 
@@ -294,7 +295,7 @@ def selective_forward(
     precision: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (o (B, T, H, D), Z_end (B, H, R+D, 2M), segment start states (P, B, H, R+D, 2M))."""
-    math = SelectiveSegments(G_hat, resolve_backend(backend, q), precision)
+    math = SelectiveSegments(G_hat, resolve_backend(backend, q, precision))
     tokens = [q, k, v, lam_ri, beta_ri]
     return run_forward(math, selective_plan(q.shape[1], chunk_size), tokens, Z0, reset, v.shape[-1])
 
@@ -324,7 +325,7 @@ def selective_backward(
 ) -> list[torch.Tensor]:
     """Gradients of (q, k, v, lam_ri, beta_ri, G_hat, Z0), recomputing each segment from its
     saved start state."""
-    math = SelectiveSegments(G_hat, resolve_backend(backend, q), precision)
+    math = SelectiveSegments(G_hat, resolve_backend(backend, q, precision))
     tokens = [q, k, v, lam_ri, beta_ri]
     with torch.no_grad():
         d_tokens, (dG,), dZ0 = run_backward(

@@ -33,6 +33,8 @@ registers (from the cumulative log-decay c, which only that path builds).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from .layout import Chunked, Piece, chunks, parts, prepare, unchunk_tokens
@@ -97,21 +99,21 @@ def chunk_starts(ch: Chunked, X0: torch.Tensor, precision: str):
     return scan_complex(delta, carry, X0, reverse=False)
 
 
-def segment_forward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, ops, precision):
+def segment_forward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, ops: PairOps):
     """One segment: (o (B, T, H, D), X_end complex (B, H, R+D, M)) from X0 (complex); ops: the
-    backend's per-token primitives; precision: of the contractions with a state or Ĝ (the pair
-    work stays fp32)."""
+    backend's per-token primitives, whose precision is that of the contractions with a state or
+    Ĝ (the pair work stays fp32)."""
     ch = prepare(q, k, v, lam_ri, beta_ri, reset, L, ops.needs_log_decay)
-    Xs, X = chunk_starts(ch, X0, precision)
-    o = ops.intra_forward(ch, Xs, G_hat, q.shape[-1], precision)
+    Xs, X = chunk_starts(ch, X0, ops.precision)
+    o = ops.intra_forward(ch, Xs, G_hat, q.shape[-1])
     return unchunk_tokens(o, q.shape[1]), X
 
 
-def segment_backward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, ops, precision, g_o, g_X):
+def segment_backward(q, k, v, lam_ri, beta_ri, G_hat, X0, L, reset, ops: PairOps, g_o, g_X):
     """One segment's gradients, recomputing its chunk start states from X0 (complex); g_X:
     the gradient of its end state (complex). Returns (g_q, g_k, g_v, g_lam_ri, g_beta_ri, g_G,
     g_X0 complex)."""
-    T, R = q.shape[1], q.shape[-1]
+    T, R, precision = q.shape[1], q.shape[-1], ops.precision
     ch = prepare(q, k, v, lam_ri, beta_ri, reset, L, ops.needs_log_decay)
     Xs, _ = chunk_starts(ch, X0, precision)
     n = Xs.shape[2]
@@ -178,20 +180,17 @@ class SelectiveSegments:
     w = Ĝ p̂; S[t, s] = Re Σ_m conj(P[t, s, m]) w[t, m]; o_t = Re Σ_m conj(F[t] ⊙ Xᵛ) w_t +
     Σ_s S[t, s] v_s."""
 
-    def __init__(self, G_hat, backend, precision: str):
-        self.G_hat, self.ops, self.precision = G_hat, backend.selective, precision
+    def __init__(self, G_hat, backend):
+        self.G_hat, self.ops = G_hat, backend.selective
 
     def forward(self, piece, tokens, Z0, reset):
-        o, X = segment_forward(
-            *tokens, self.G_hat, _complex(Z0), piece.L, reset, self.ops, self.precision
-        )
+        o, X = segment_forward(*tokens, self.G_hat, _complex(Z0), piece.L, reset, self.ops)
         return o, _real(X)
 
     def backward(self, piece, tokens, Z0, do, dZ_end, reset):
         *g, g_G, g_X = segment_backward(
-            *tokens, self.G_hat, _complex(Z0), piece.L, reset, self.ops, self.precision,
-            do, _complex(dZ_end),
-        )  # fmt: skip
+            *tokens, self.G_hat, _complex(Z0), piece.L, reset, self.ops, do, _complex(dZ_end)
+        )
         return g, {0: g_G}, _real(g_X)
 
 
@@ -322,20 +321,38 @@ class TorchPairs:
         return g_A @ ch.k, g_A.mT @ ch.q, S.mT @ self.go, g_beta
 
 
+class PairOps(Protocol):
+    """The per-token primitives an engine supplies, its product precision bound in:
+    ``SelectiveTorchOps`` (PyTorch, fused by Inductor) and ``triton_engine.SelectiveTritonOps``.
+    needs_log_decay: whether ``prepare`` must build the cumulative log-decay c."""
+
+    precision: str
+    needs_log_decay: bool
+
+    def pairs(self, ch: Chunked, go: torch.Tensor):
+        """The backward's work over the pairs: an object with ``sums()`` and ``grads(w, g_p)``."""
+
+    def intra_forward(self, ch: Chunked, Xs, G_hat, R: int) -> torch.Tensor:
+        """The two intra-chunk passes from the chunk start states Xs (.., R+D, M) complex:
+        o (B, H, n, L, D)."""
+
+
 class SelectiveTorchOps:
-    """The per-token primitives in PyTorch; needs_log_decay: whether ``prepare`` must build
-    the cumulative log-decay c (only the kernels read it)."""
+    """``PairOps`` in PyTorch at one precision (only the kernels read c)."""
 
     needs_log_decay = False
+
+    def __init__(self, precision: str):
+        self.precision = precision
 
     @staticmethod
     def pairs(ch: Chunked, go: torch.Tensor) -> TorchPairs:
         return TorchPairs(ch, go)
 
-    @staticmethod
-    def intra_forward(ch: Chunked, Xs, G_hat, R: int, precision: str) -> torch.Tensor:
+    def intra_forward(self, ch: Chunked, Xs, G_hat, R: int) -> torch.Tensor:
         """The two intra-chunk passes from the chunk start states Xs (.., R+D, M) complex:
         o (B, H, n, L, D)."""
+        precision = self.precision
         pairs = Pairs(ch)
         y = from_start(ch, Xs[..., :R, :], precision)
         p = ch.F * y + pairs.sums(ch.scores)[0]

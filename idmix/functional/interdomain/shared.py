@@ -14,7 +14,7 @@ the chunk-to-chunk carry (``layout.DocMasks``), in the forward and the backward 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -46,8 +46,8 @@ from .numerics import (
 # composes them into a segment; on the kernels, ``triton_engine`` runs its own segment loop.
 #
 # Shapes as in ``layout``; dec: ChunkDecays of the segment's chunk length L; G_hat
-# (H, 2M, 2M) interleaved; masks: DocMasks or None; precision of every product ("ieee", "tf32",
-# "bf16": numerics.py).
+# (H, 2M, 2M) interleaved; masks: DocMasks or None; the precision of every product ("ieee",
+# "tf32", "bf16": numerics.py) is bound into the engine when ``driver.resolve_backend`` builds it.
 
 
 class IntraGrads(NamedTuple):
@@ -104,34 +104,56 @@ def reaching_end(zT, masks):
     return mask(zT, masks, "contrib")
 
 
+class ChunkOps(Protocol):
+    """The shared-decay segment primitives an engine supplies, its product precision bound in.
+    ``TorchChunkOps`` implements them; the Triton engine fuses the same four into its own
+    custom-op pair (``triton_engine``), checked against these by ``tests/kernel_checks.py``."""
+
+    precision: str
+
+    def chunk_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The dtype of the chunk copies of x."""
+
+    def chunk_states(self, zT, dec: ChunkDecays, Z0, masks):
+        """Chunk-start states (B, H, N, R+D, 2M) and Z_end (B, H, R+D, 2M)."""
+
+    def intra_forward(self, q, zT, starts, dec, G_hat, masks) -> torch.Tensor:
+        """o (B, H, N, L, D) of one segment from its chunk-start states."""
+
+    def intra_backward(self, q, zT, starts, dec, G_hat, do, masks) -> IntraGrads:
+        """Gradients through the two passes, recomputing their intermediates from starts."""
+
+    def chunk_states_backward(self, dS, dZ_end, dec, starts, masks):
+        """(g_inc, dZ0, d_chunk) through the chunk-state scan."""
+
+
 class TorchChunkOps:
-    """The four segment primitives in PyTorch; chunk copies in the compute dtype."""
+    """``ChunkOps`` in PyTorch at one precision; chunk copies in the compute dtype."""
+
+    def __init__(self, precision: str):
+        self.precision = precision
 
     @staticmethod
     def chunk_dtype(x: torch.Tensor) -> torch.dtype:
         return torch.promote_types(x.dtype, torch.float32)
 
-    @staticmethod
-    def chunk_states(zT, dec: ChunkDecays, Z0, masks, precision):
+    def chunk_states(self, zT, dec: ChunkDecays, Z0, masks):
         """Chunk-start states (B, H, N, R+D, 2M) and Z_end (B, H, R+D, 2M)."""
-        inc = matmul(flat(reaching_end(zT, masks)), dec.end, precision).view(
+        inc = matmul(flat(reaching_end(zT, masks)), dec.end, self.precision).view(
             *zT.shape[:3], -1, dec.end.shape[-1]
         )  # Σ βλ^{L-1-s} z_s
         return scan_interleaved(inc, Z0, _carry(dec.chunk, masks))
 
-    @staticmethod
-    def intra_forward(q, zT, starts, dec, G_hat, masks, precision):
+    def intra_forward(self, q, zT, starts, dec, G_hat, masks):
         """o (B, H, N, L, D) of one segment from its chunk-start states."""
-        return _intra(q, zT, starts, dec, G_hat, masks, precision)[0]
+        return _intra(q, zT, starts, dec, G_hat, masks, self.precision)[0]
 
-    @staticmethod
-    def intra_backward(q, zT, starts, dec, G_hat, do, masks, precision) -> IntraGrads:
+    def intra_backward(self, q, zT, starts, dec, G_hat, do, masks) -> IntraGrads:
         """Gradients through the two passes, recomputing their intermediates from starts."""
-        f = _intra(q, zT, starts, dec, G_hat, masks, precision)[1]
-        return _intra_grads(f, starts, q, zT, dec, G_hat, do, masks, precision)
+        f = _intra(q, zT, starts, dec, G_hat, masks, self.precision)[1]
+        return _intra_grads(f, starts, q, zT, dec, G_hat, do, masks, self.precision)
 
-    @staticmethod
-    def chunk_states_backward(dS, dZ_end, dec, starts, masks, precision):
+    def chunk_states_backward(self, dS, dZ_end, dec, starts, masks):
         """(g_inc (B, H, N, R+D, 2M): the gradients of each chunk's increment, dZ0, d_chunk
         (H, 2M)) through the scan, from dS = the start states' gradients."""
         carry = _carry(dec.chunk, masks)
@@ -242,19 +264,19 @@ def chunk_decay_inputs(lam_ri, beta_ri, T, L):
     return (*main, *tail)
 
 
-def segment_forward(q, zT, dec: ChunkDecays, G_hat, Z0, masks, ops, precision):
+def segment_forward(q, zT, dec: ChunkDecays, G_hat, Z0, masks, ops: ChunkOps):
     """One segment. q: (B, H, N, L, R); zT = [kᵀ; vᵀ]: (B, H, N, R+D, L); Z0: (B, H, R+D, 2M).
     Returns (o: (B, H, N, L, D), Z_end)."""
-    starts, Z_end = ops.chunk_states(zT, dec, Z0, masks, precision)
-    return ops.intra_forward(q, zT, starts, dec, G_hat, masks, precision), Z_end
+    starts, Z_end = ops.chunk_states(zT, dec, Z0, masks)
+    return ops.intra_forward(q, zT, starts, dec, G_hat, masks), Z_end
 
 
-def segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks, ops, precision):
+def segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks, ops: ChunkOps):
     """Gradients of one segment. Returns (dq, dzT, d_decays: ChunkDecays, dG, dZ0)."""
-    R = q.shape[-1]
-    starts, _ = ops.chunk_states(zT, dec, Z0, masks, precision)
-    g = ops.intra_backward(q, zT, starts, dec, G_hat, do, masks, precision)
-    g_inc, dZ0, d_chunk = ops.chunk_states_backward(g.dS, dZ_end, dec, starts, masks, precision)
+    R, precision = q.shape[-1], ops.precision
+    starts, _ = ops.chunk_states(zT, dec, Z0, masks)
+    g = ops.intra_backward(q, zT, starts, dec, G_hat, do, masks)
+    g_inc, dZ0, d_chunk = ops.chunk_states_backward(g.dS, dZ_end, dec, starts, masks)
     zc = reaching_end(zT, masks).to(g_inc.dtype)  # the kernels' chunk copies keep bf16/fp16
     d_end = g.d_end + matmul(zc.flatten(2, 3).mT, g_inc.flatten(2, 3), precision).sum(0)
     dzT = matmul(g_inc.flatten(2, 3), dec.end.mT, precision).view(zc.shape)  # (B, H, N, R+D, L)
@@ -265,7 +287,7 @@ def segment_backward(q, zT, dec: ChunkDecays, G_hat, Z0, do, dZ_end, masks, ops,
     return g.dq, dzT, ChunkDecays(g.d_start, d_end, d_chunk), g.dG, dZ0
 
 
-def forward_piece(q, k, v, start, end, chunk, G_hat, Z0, reset, precision, ops=TorchChunkOps):
+def forward_piece(q, k, v, start, end, chunk, G_hat, Z0, reset, ops: ChunkOps):
     """One piece of positions: q, k (B, n·L, H, R); v (B, n·L, H, D) in any float dtype; the
     decays (ChunkDecays' fields) of its chunk length L; Z0 (B, H, R+D, 2M); reset (B, n·L) or
     None; ops: the backend's primitives. Returns (o: (B, n, L, H, D) in Z0's dtype, Z_end)."""
@@ -280,14 +302,11 @@ def forward_piece(q, k, v, start, end, chunk, G_hat, Z0, reset, precision, ops=T
         Z0,
         doc_masks(reset, n, L, Z0.dtype),
         ops,
-        precision,
     )
     return unchunk(o), Z
 
 
-def backward_piece(
-    q, k, v, start, end, chunk, G_hat, Z0, do, dZ_end, reset, precision, ops=TorchChunkOps
-):
+def backward_piece(q, k, v, start, end, chunk, G_hat, Z0, do, dZ_end, reset, ops: ChunkOps):
     """Gradients of one piece (arguments as for :func:`forward_piece`; do (B, n·L, H, D)).
     Returns (dq, dk, dv as (B, n, L, H, ·) views, d_start, d_end, d_chunk, dG, dZ0)."""
     L = start.shape[1]
@@ -303,7 +322,6 @@ def backward_piece(
         dZ_end,
         doc_masks(reset, n, L, Z0.dtype),
         ops,
-        precision,
     )
     R = q.shape[-1]
     dk = unchunk(dzT[..., :R, :], transposed=True)
@@ -315,8 +333,8 @@ class SharedSegments:
     """The segment math of shared decays (``driver.SegmentMath``). params: the six decay
     tensors of ``chunk_decay_inputs`` (chunk length L, then the tail T % L) and Ĝ."""
 
-    def __init__(self, decays, G_hat, L: int, backend, precision: str):
-        self.decays, self.G_hat, self.L, self.precision = decays, G_hat, L, precision
+    def __init__(self, decays, G_hat, L: int, backend):
+        self.decays, self.G_hat, self.L, self.ops = decays, G_hat, L, backend.chunk
         self.forward_piece = backend.run(forward_piece)
         self.backward_piece = backend.run(backward_piece)
 
@@ -326,12 +344,12 @@ class SharedSegments:
     def forward(self, piece, tokens, Z0, reset):
         i = self._slot(piece)
         dec = self.decays[i : i + 3]
-        return self.forward_piece(*tokens, *dec, self.G_hat, Z0, reset, self.precision)
+        return self.forward_piece(*tokens, *dec, self.G_hat, Z0, reset, self.ops)
 
     def backward(self, piece, tokens, Z0, do, dZ_end, reset):
         i = self._slot(piece)
         dec = self.decays[i : i + 3]
         dq, dk, dv, *d_dec, dG, dZ0 = self.backward_piece(
-            *tokens, *dec, self.G_hat, Z0, do, dZ_end, reset, self.precision
+            *tokens, *dec, self.G_hat, Z0, do, dZ_end, reset, self.ops
         )
         return [dq, dk, dv], {i: d_dec[0], i + 1: d_dec[1], i + 2: d_dec[2], 6: dG}, dZ0

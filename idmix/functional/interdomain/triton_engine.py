@@ -87,19 +87,20 @@ class KernelPairs:
 
 
 class SelectiveTritonOps:
-    """The per-token primitives as kernel launches; kernels: the idmix_kernels module."""
+    """``selective.PairOps`` as kernel launches at one precision; kernels: the idmix_kernels
+    module."""
 
     needs_log_decay = True
 
-    def __init__(self, kernels):
-        self.kernels = kernels
+    def __init__(self, kernels, precision: str):
+        self.kernels, self.precision = kernels, precision
 
     def pairs(self, ch: Chunked, go: torch.Tensor) -> KernelPairs:
         return KernelPairs(self.kernels, ch, go)
 
-    def intra_forward(self, ch: Chunked, Xs, G_hat, R: int, precision: str) -> torch.Tensor:
+    def intra_forward(self, ch: Chunked, Xs, G_hat, R: int) -> torch.Tensor:
         """``selective_pass1``, Ĝ, ``selective_pass2``: o (B, H, n, L, D)."""
-        starts = _starts(ch)
+        starts, precision = _starts(ch), self.precision
         c, beta, Xs_ri = _real(ch.c), _real(ch.beta), _real(Xs)
         p = self.kernels.selective_pass1(ch.q, ch.k, c, beta, Xs_ri, starts, precision)
         w = _real(gram(_complex(p), G_hat.mT, precision))
