@@ -100,8 +100,16 @@ def training_row(device, T, B, heads, lam, beta, C, reps, sdpa_ctx):
 
     def ours(precision="auto"):
         return interdomain_attention(
-            q, k, v, lam, beta, C, chunk_size=L, backend="triton", precision=precision
-        )
+            q,
+            k,
+            v,
+            lam,
+            beta,
+            C,
+            chunk_size=L,
+            backend="triton",
+            precision=precision,
+        )[0]
 
     def ours_bf16():
         return ours("bf16")
@@ -164,7 +172,7 @@ def graphed(fn, device):
 def decode_row(device, ctx, heads, lam, beta, G, reps, sdpa_ctx):
     """The op's step at B = 1, called (host path included) and replayed as a CUDA graph,
     against SDPA reading a bf16 KV cache of ctx tokens (graphed too)."""
-    from idmix.functional import interdomain_decode_step_real
+    from idmix.functional import interdomain_decode_step
 
     q, k, v = (torch.randn(1, heads, R, device=device) for _ in range(3))
     state = torch.zeros(1, heads, R + D, 2 * M, device=device)
@@ -174,7 +182,9 @@ def decode_row(device, ctx, heads, lam, beta, G, reps, sdpa_ctx):
     lam_ri, beta_ri = torch.view_as_real(lam), torch.view_as_real(beta)
 
     def step():
-        return interdomain_decode_step_real(q, k, v, lam_ri, beta_ri, G, state, backend="triton")
+        return interdomain_decode_step(
+            q, k, v, lam_ri, beta_ri, G, state, backend="triton", inplace=True
+        )[0]
 
     def sdpa():
         with sdpa_ctx():

@@ -7,7 +7,7 @@ Shapes: B=1, H=8, R=D=M=64, fp32, chunk 64. Times are interleaved medians; memor
 RSS increase of one forward+backward in a fresh process (inputs excluded). "inductor" is the
 chunked op with backend="inductor" (its segment math compiled by torch.compile; the compile
 runs in the untimed warm-up call; memory not measured). The decode step is
-the layers' runtime path (``interdomain_decode_step_real``, in place on the real state), eager
+the layers' runtime path (``interdomain_decode_step`` in place on the real state), eager
 against eager SDPA and compiled against compiled. The last table marks the CPU speed issue's
 targets ✓/✗.
 """
@@ -36,7 +36,7 @@ from idmix.functional import (  # noqa: E402
     complex_A,
     discretize,
     interdomain_attention,
-    interdomain_decode_step_real,
+    interdomain_decode_step,
     log_uniform_dt,
     readout_gram,
     s4d_inv_init,
@@ -75,7 +75,7 @@ def fwd_bwd(kind, T):
         backend = "inductor" if kind == "inductor" else "auto"
 
         def f():
-            return interdomain_attention(q, k, v, lam, beta, C, impl=impl, backend=backend)
+            return interdomain_attention(q, k, v, lam, beta, C, impl=impl, backend=backend)[0]
 
     def fwd():
         with torch.no_grad():
@@ -161,14 +161,14 @@ def decode_steps(ctx, lam, beta, C, G_hat):
     SDPA step over a KV cache of ctx tokens (appending in place); each eager and compiled."""
     q, k, v = inputs(ctx, "ours")
     with torch.no_grad():  # a real prefill, so the state is the one a decoder would hold
-        _, (xk, xv) = interdomain_attention(q, k, v, lam, beta, C, return_final_state=True)
+        _, (xk, xv) = interdomain_attention(q, k, v, lam, beta, C, output_final_state=True)
     Z = state_to_interleaved(xk, xv).contiguous()
     lam_ri, beta_ri = torch.view_as_real(lam), torch.view_as_real(beta)
     qt, kt, vt = (torch.randn(B, H, R) for _ in range(3))
     k_cache, v_cache = torch.randn(B, H, ctx + 1, R), torch.randn(B, H, ctx + 1, D)
 
     def ours_step(q_, k_, v_, state):
-        return interdomain_decode_step_real(q_, k_, v_, lam_ri, beta_ri, G_hat, state)
+        return interdomain_decode_step(q_, k_, v_, lam_ri, beta_ri, G_hat, state, inplace=True)[0]
 
     def sdpa_step(q_, k_, v_, kc, vc):
         kc[:, :, ctx] = k_

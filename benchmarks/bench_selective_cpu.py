@@ -3,8 +3,8 @@
     python benchmarks/bench_selective_cpu.py            # T = 4K, 8K, 16K
     python benchmarks/bench_selective_cpu.py --quick    # T = 1K, 2K
 
-Rows: forward+backward of the core op (``interdomain_attention_real``) with (H, M) decays and
-with (B, T, H, M) decays, and the layers' decode step (``interdomain_decode_step_real``) with
+Rows: forward+backward of the core op (``interdomain_attention``, real form) with (H, M) decays and
+with (B, T, H, M) decays, and the layers' decode step (``interdomain_decode_step``, in place on the real state) with
 shared and per-row decays. Targets (issue: selective decay): per-token fwd+bwd ≤ 1.5× shared
 at 4K–16K; selective decode step ≤ 1.2× shared. Shapes: B=1, H=8, R=D=M=64, fp32.
 """
@@ -22,8 +22,8 @@ from common import blocked_medians, interleaved_medians, print_table  # noqa: E4
 
 from idmix.functional import (  # noqa: E402
     discretize_real,
-    interdomain_attention_real,
-    interdomain_decode_step_real,
+    interdomain_attention,
+    interdomain_decode_step,
     log_uniform_dt,
     readout_gram_real,
     s4d_inv_init,
@@ -50,7 +50,7 @@ def fwd_bwd(T: int, per_token: bool):
     g = torch.randn(B, T, H, D)
 
     def run():
-        o, _ = interdomain_attention_real(q, k, v, lam, beta, G, chunk_size=64)
+        o, _ = interdomain_attention(q, k, v, lam, beta, G, chunk_size=64, output_final_state=True)
         torch.autograd.grad(o, [q, k, v, lam, beta], g)
 
     return run
@@ -61,7 +61,7 @@ def decode_step(per_row: bool):
     G = readout_gram_real(*(torch.randn(2, H, M, M) / M).unbind(0))
     q, k, v = (torch.randn(B, H, F) for F in (R, R, D))
     state = torch.zeros(B, H, R + D, 2 * M)
-    return lambda: interdomain_decode_step_real(q, k, v, lam, beta, G, state)
+    return lambda: interdomain_decode_step(q, k, v, lam, beta, G, state, inplace=True)[0]
 
 
 def main() -> None:

@@ -240,15 +240,24 @@ def count(B, T, H, R=64, D=64, M=64, dtype=torch.bfloat16, precision="ieee", res
     """(forward launches, backward launches, {"forward", "backward": bytes allocated}) of one
     forward+backward of the chunked op on the GPU route. precision "ieee" stands for "tf32" (on
     CUDA a flag, the same launches)."""
-    from idmix.functional import interdomain_attention_real
+    from idmix.functional import interdomain_attention
 
     q, k, v, lam_ri, beta_ri, G_hat = op_inputs(B, T, H, R, D, M, dtype)
     starts = torch.zeros(B, T, dtype=torch.bool, device="meta") if reset else None
     tokens = B * T * H
     fwd, bwd = [], []
     with gpu_route(fwd, tokens) as forward:
-        o, _ = interdomain_attention_real(
-            q, k, v, lam_ri, beta_ri, G_hat, backend="triton", precision=precision, reset=starts
+        o, _ = interdomain_attention(
+            q,
+            k,
+            v,
+            lam_ri,
+            beta_ri,
+            G_hat,
+            backend="triton",
+            precision=precision,
+            reset=starts,
+            output_final_state=True,
         )
     do = torch.empty_like(o)
     with gpu_route(bwd, tokens) as backward:

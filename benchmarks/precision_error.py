@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import print_table  # noqa: E402
 
-from idmix.functional import discretize_real, interdomain_attention_real  # noqa: E402
+from idmix.functional import discretize_real, interdomain_attention  # noqa: E402
 from idmix.modules import InterdomainAttention  # noqa: E402
 from idmix.modules.documents import positions_and_resets  # noqa: E402
 
@@ -87,7 +87,9 @@ def run(inputs, dtype, precision, round_inputs=None):
             t = t.to(round_inputs).to(dtype)
         leaves.append(t.requires_grad_())
     q, k, v, lam, beta, G, Z0 = leaves
-    o, Z = interdomain_attention_real(q, k, v, lam, beta, G, Z0, precision=precision)
+    o, Z = interdomain_attention(
+        q, k, v, lam, beta, G, initial_state=Z0, precision=precision, output_final_state=True
+    )
     g = torch.Generator().manual_seed(7)
     w_o = torch.randn(o.shape, generator=g, dtype=torch.float64).to(dtype)
     w_z = torch.randn(Z.shape, generator=g, dtype=torch.float64).to(dtype)

@@ -65,14 +65,14 @@ def training_case(device, T, B, heads, lam, beta, C):
     )
 
     def step():
-        o = interdomain_attention(q, k, v, lam, beta, C, chunk_size=L, backend="triton")
+        o = interdomain_attention(q, k, v, lam, beta, C, chunk_size=L, backend="triton")[0]
         o.float().sum().backward()
 
     return step
 
 
 def decode_case(device, heads, lam, beta, G):
-    from idmix.functional import interdomain_decode_step_real
+    from idmix.functional import interdomain_decode_step
 
     q, k, v = (torch.randn(1, heads, R, device=device) for _ in range(3))
     state = torch.zeros(1, heads, R + D, 2 * lam.shape[-1], device=device)
@@ -80,7 +80,9 @@ def decode_case(device, heads, lam, beta, G):
 
     @torch.no_grad()
     def step():
-        interdomain_decode_step_real(q, k, v, lam_ri, beta_ri, G, state, backend="triton")
+        interdomain_decode_step(q, k, v, lam_ri, beta_ri, G, state, backend="triton", inplace=True)[
+            0
+        ]
 
     return step
 

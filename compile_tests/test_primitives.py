@@ -17,9 +17,7 @@ from idmix.functional import (
     discretize,
     discretize_real,
     interdomain_attention,
-    interdomain_attention_real,
     interdomain_decode_step,
-    interdomain_decode_step_real,
     readout_gram,
     readout_gram_real,
     rope,
@@ -57,7 +55,9 @@ def _attention_real_args():
 
 
 def _attention_real(q, k, v, lam, beta, G, Z0, reset):
-    return interdomain_attention_real(q, k, v, lam, beta, G, Z0, chunk_size=16, reset=reset)
+    return interdomain_attention(
+        q, k, v, lam, beta, G, initial_state=Z0, chunk_size=16, reset=reset, output_final_state=True
+    )
 
 
 def _attention_complex_args():
@@ -66,7 +66,7 @@ def _attention_complex_args():
 
 
 def _attention_complex(q, k, v, lam, beta, C):
-    return interdomain_attention(q, k, v, lam, beta, C, chunk_size=16, return_final_state=True)
+    return interdomain_attention(q, k, v, lam, beta, C, chunk_size=16, output_final_state=True)
 
 
 def _decode_args():
@@ -76,7 +76,7 @@ def _decode_args():
 
 def _decode(q, k, v, lam, beta, G, Z):
     Z = Z.clone()  # the step updates its state in place
-    return interdomain_decode_step_real(q, k, v, lam, beta, G, Z), Z
+    return interdomain_decode_step(q, k, v, lam, beta, G, Z, inplace=True)[0], Z
 
 
 def _decode_complex_args():
@@ -143,9 +143,9 @@ CASES = {
     "s4d_linear_readout": (_s4d_readout, _s4d_args, True),
     "s4d_linear_step": (s4d_linear_step, _s4d_step_args, False),
     "interdomain_decode_step": (interdomain_decode_step, _decode_complex_args, False),
-    "interdomain_attention_real": (_attention_real, _attention_real_args, True),
+    "interdomain_attention.real_form": (_attention_real, _attention_real_args, True),
     "interdomain_attention": (_attention_complex, _attention_complex_args, True),
-    "interdomain_decode_step_real": (_decode, _decode_args, False),
+    "interdomain_decode_step.real_state": (_decode, _decode_args, False),
 }
 
 

@@ -122,10 +122,10 @@ def run_chunked(p, device, backend, reset, readout, chunk, precision="ieee"):
         initial_state=init,
         reset=reset,
         readout=readout,
-        return_final_state=True,
         chunk_size=chunk,
         backend=backend,
         precision=precision,
+        output_final_state=True,
     )
     g = torch.Generator().manual_seed(0)
     loss = (o * torch.randn(o.shape, generator=g).to(device)).sum() + (xk.abs() ** 2).sum()
@@ -164,7 +164,7 @@ def check_chunked(device: str, cases=None) -> None:
                     reset=reset,
                     readout=readout,
                     impl="naive",
-                )
+                )[0]
                 # an independent reference at every T: the literal recurrence, compared on up to 256
                 # sampled positions (all of them when T is small)
                 g = torch.Generator().manual_seed(T)
@@ -245,8 +245,12 @@ def check_selective_precisions(device: str) -> None:
             cd = {n: (torch.complex64 if p[n].is_complex() else torch.float32) for n in names}
             leaves = [p[n].to(device, cd[n]).requires_grad_() for n in names]
             o, (xk, _) = interdomain_attention(
-                *leaves, reset=reset, return_final_state=True, chunk_size=L, backend=backend,
+                *leaves,
+                reset=reset,
+                chunk_size=L,
+                backend=backend,
                 precision=precision,
+                output_final_state=True,
             )  # fmt: skip
             loss = o.square().sum() + (xk.abs() ** 2).sum()
             runs[backend] = [o, xk, *torch.autograd.grad(loss, leaves)]
@@ -301,9 +305,14 @@ def _check_nonfinite_cases(device: str, reset, L: int) -> None:
             leaves = [p[n].to(device).requires_grad_() for n in ("q", "k", "v")]
             init = tuple(s.to(device).requires_grad_() for s in p["initial_state"])
             o, (xk, xv) = interdomain_attention(
-                *leaves, *(p[n].to(device) for n in ("lam", "beta", "C")),
-                initial_state=init, reset=reset, return_final_state=True, chunk_size=L,
-                backend=backend, precision="ieee",
+                *leaves,
+                *(p[n].to(device) for n in ("lam", "beta", "C")),
+                initial_state=init,
+                reset=reset,
+                chunk_size=L,
+                backend=backend,
+                precision="ieee",
+                output_final_state=True,
             )  # fmt: skip
             loss = sum(torch.where(torch.isfinite(x), x, 0).abs().sum() for x in (o, xk, xv))
             grads = torch.autograd.grad(loss, [*leaves, *init])
@@ -326,19 +335,21 @@ def _check_nonfinite_cases(device: str, reset, L: int) -> None:
 def check_varlen(device: str) -> None:
     """cu_seqlens through the kernels: both the packed (resets) and the per-length paths equal
     the PyTorch backend, a length-1 sequence included."""
-    from idmix.functional import interdomain_attention_varlen
+    from idmix.functional import interdomain_attention
     from tests.test_varlen import packed_problem
 
     p, cu = packed_problem([1, 9, 20, 9, 3], dtype=torch.float32)
     args = [p[n].to(device) for n in ("q", "k", "v", "lam", "beta", "C")]
     init = tuple(s.to(device) for s in p["initial_state"])
-    for kw in ({}, {"initial_state": init, "return_final_state": True}):
+    for kw in ({}, {"initial_state": init, "output_final_state": True}):
         got, ref = (
-            interdomain_attention_varlen(
-                *args, cu.to(device), chunk_size=8, backend=b, precision="ieee", **kw
+            interdomain_attention(
+                *args, cu_seqlens=cu.to(device), chunk_size=8, backend=b, precision="ieee", **kw
             )
             for b in ("triton", "torch")
         )
+        if not kw:
+            got, ref = got[0], ref[0]
         if kw:  # (o, (Xk, Xv))
             got, ref = (got[0], *got[1]), (ref[0], *ref[1])
         else:
@@ -350,7 +361,7 @@ def check_varlen(device: str) -> None:
 def check_chunked_compiles_and_exports(device: str) -> None:
     """The chunked op on the kernels traces whole: torch.compile(fullgraph=True) forward and
     backward, and torch.export of the forward, both equal to eager."""
-    from idmix.functional import interdomain_attention_real, readout_gram_real
+    from idmix.functional import interdomain_attention, readout_gram_real
     from idmix.functional.interdomain.layout import state_to_interleaved
 
     p = make_problem(B=2, T=21, H=2, R=4, D=3, M=5, dtype=torch.float32)
@@ -359,8 +370,18 @@ def check_chunked_compiles_and_exports(device: str) -> None:
     Z0 = state_to_interleaved(*p["initial_state"]).to(device)
 
     def f(q, k, v):
-        return interdomain_attention_real(
-            q, k, v, lam, beta, G, Z0, chunk_size=8, backend="triton", precision="ieee"
+        return interdomain_attention(
+            q,
+            k,
+            v,
+            lam,
+            beta,
+            G,
+            initial_state=Z0,
+            chunk_size=8,
+            backend="triton",
+            precision="ieee",
+            output_final_state=True,
         )
 
     args = [p[n].to(device).requires_grad_() for n in ("q", "k", "v")]
@@ -514,10 +535,10 @@ def check_split_scans(device: str) -> None:
 
 
 def check_real_decode(device: str) -> None:
-    """The layers' real-state step (interdomain_decode_step_real) through the kernel: the state
+    """The layers' real-state step (interdomain_decode_step in place) through the kernel: the state
     is updated in place in the layers' (B, H, R+D, 2M) layout. Grouped (4-dim) queries fall back
     to the torch step by default."""
-    from idmix.functional import interdomain_decode_step_real
+    from idmix.functional import interdomain_decode_step
     from idmix.functional.interdomain.layout import state_to_interleaved
 
     p = make_problem(B=2, T=3, H=2, R=5, D=7, M=6, dtype=torch.float32)
@@ -527,12 +548,14 @@ def check_real_decode(device: str) -> None:
     for t in range(3):
         q, k, v = (p[n][:, t].to(device) for n in ("q", "k", "v"))
         ref = Z0.clone()
-        o_ref = interdomain_decode_step_real(q, k, v, lam, beta, G, ref, backend="torch")
-        o = interdomain_decode_step_real(q, k, v, lam, beta, G, Z0, backend="triton")
+        o_ref = interdomain_decode_step(q, k, v, lam, beta, G, ref, backend="torch", inplace=True)[
+            0
+        ]
+        o = interdomain_decode_step(q, k, v, lam, beta, G, Z0, backend="triton", inplace=True)[0]
         assert_rel(o, o_ref, 1e-5, f"real step o t={t}")
         assert_rel(Z0, ref, 1e-5, f"real step state t={t}")
     q4 = p["q"][:, 0, :, None].to(device)  # (B, H, 1, R): the default backend takes the torch path
-    o4 = interdomain_decode_step_real(q4, k, v, lam, beta, G, Z0.clone())
+    o4 = interdomain_decode_step(q4, k, v, lam, beta, G, Z0.clone(), inplace=True)[0]
     assert o4.shape == (2, 2, 1, 7)
 
 
@@ -546,7 +569,7 @@ def check_decode_mode_blocks(device: str) -> None:
 
     import idmix_kernels.decode_step as step_kernel
 
-    from idmix.functional import interdomain_decode_step_real
+    from idmix.functional import interdomain_decode_step
     from idmix.functional.interdomain.layout import state_to_interleaved
 
     cases = ((1, 3, 16, 8, 33, 5), (2, 2, 5, 7, 20, 3), (1, 1, 256, 4, 20, 3))
@@ -559,14 +582,30 @@ def check_decode_mode_blocks(device: str) -> None:
         states = {"torch": Z0.clone(), 0: Z0.clone(), 2**30: Z0.clone()}  # by target programs
         for t in range(3):
             q, k, v = (p[n][:, t].to(device) for n in ("q", "k", "v"))
-            outs = {"torch": interdomain_decode_step_real(
-                q, k, v, lam, beta, G, states["torch"], backend="torch"
-            )}  # fmt: skip
+            outs = {"torch": interdomain_decode_step(
+                q,
+                k,
+                v,
+                lam,
+                beta,
+                G,
+                states["torch"],
+                backend="torch",
+                inplace=True,
+            )[0]}  # fmt: skip
             for target in (0, 2**30):
                 with mock.patch.object(step_kernel, "target_programs", lambda _, n=target: n):
-                    outs[target] = interdomain_decode_step_real(
-                        q, k, v, lam, beta, G, states[target], backend="triton"
-                    )
+                    outs[target] = interdomain_decode_step(
+                        q,
+                        k,
+                        v,
+                        lam,
+                        beta,
+                        G,
+                        states[target],
+                        backend="triton",
+                        inplace=True,
+                    )[0]
                 where = f"{B, H, R, D, M} target {target} t={t}"
                 assert_rel(outs[target], outs["torch"], 1e-5, f"o {where}")
                 assert_rel(states[target], states["torch"], 1e-5, f"state {where}")
@@ -599,8 +638,13 @@ def check_selective(device: str) -> None:
             leaves = [p[n].to(device, cd[n]).requires_grad_() for n in names]
             init = tuple(s.to(device, torch.complex64).requires_grad_() for s in p["initial_state"])
             o, (xk, xv) = interdomain_attention(
-                *leaves, initial_state=init, reset=reset, return_final_state=True,
-                chunk_size=L, backend=backend, precision="ieee",
+                *leaves,
+                initial_state=init,
+                reset=reset,
+                chunk_size=L,
+                backend=backend,
+                precision="ieee",
+                output_final_state=True,
             )  # fmt: skip
             g = torch.Generator().manual_seed(0)
             loss = (o * torch.randn(o.shape, generator=g).to(device)).sum() + (xk.abs() ** 2).sum()
@@ -608,9 +652,11 @@ def check_selective(device: str) -> None:
         for i, (a, b) in enumerate(zip(runs["triton"], runs["torch"], strict=True)):
             assert_rel(a, b, 1e-5, f"triton vs torch {case} tensor {i}")
         naive = interdomain_attention(
-            *(p[n].to(device) for n in names), initial_state=p["initial_state"], reset=reset,
+            *(p[n].to(device) for n in names),
+            initial_state=p["initial_state"],
+            reset=reset,
             impl="naive",
-        )  # fmt: skip
+        )[0]  # fmt: skip
         assert_rel(runs["triton"][0], naive, 1e-4, f"triton vs naive {case}")
 
 

@@ -9,14 +9,7 @@ import os
 import pytest
 import torch
 
-from idmix.functional import (
-    interdomain_attention,
-    interdomain_attention_real,
-    interdomain_attention_varlen,
-    interdomain_decode_step,
-    interdomain_decode_step_real,
-    readout_gram,
-)
+from idmix.functional import interdomain_attention, interdomain_decode_step, readout_gram
 from idmix.functional.interdomain import empty_state
 from idmix.generation import generate
 from idmix.modules import InterdomainAttention, S4DMixer, SoftmaxAttention
@@ -36,9 +29,16 @@ def meta(x):
 
 def core(p, **over):
     a = {**p, **over}
-    return interdomain_attention(a["q"], a["k"], a["v"], a["lam"], a["beta"], a["C"],
-                                 initial_state=a.get("initial_state"),
-                                 **{k: v for k, v in over.items() if k in ("reset", "backend")})  # fmt: skip
+    return interdomain_attention(
+        a["q"],
+        a["k"],
+        a["v"],
+        a["lam"],
+        a["beta"],
+        a["C"],
+        initial_state=a.get("initial_state"),
+        **{k: v for k, v in over.items() if k in ("reset", "backend")},
+    )[0]  # fmt: skip
 
 
 def real_args(p):
@@ -50,9 +50,18 @@ def real_args(p):
 def real(p, **over):
     lam_ri, beta_ri, G = real_args(p)
     a = {"lam_ri": lam_ri, "beta_ri": beta_ri, "G_hat": G, **p, **over}
-    return interdomain_attention_real(a["q"], a["k"], a["v"], a["lam_ri"], a["beta_ri"],
-                                      a["G_hat"], a.get("Z0"), reset=a.get("reset"),
-                                      backend=a.get("backend", "auto"))  # fmt: skip
+    return interdomain_attention(
+        a["q"],
+        a["k"],
+        a["v"],
+        a["lam_ri"],
+        a["beta_ri"],
+        a["G_hat"],
+        initial_state=a.get("Z0"),
+        reset=a.get("reset"),
+        backend=a.get("backend", "auto"),
+        output_final_state=True,
+    )  # fmt: skip
 
 
 def step(p, **over):
@@ -67,15 +76,30 @@ def step_real(p, **over):
     lam_ri, beta_ri, G = real_args(p)
     a = {"q": p["q"][:, 0], "k": p["k"][:, 0], "v": p["v"][:, 0], "lam_ri": lam_ri,
          "beta_ri": beta_ri, "G": G, "state": torch.zeros(B, H, R + D, 2 * M), **over}  # fmt: skip
-    return interdomain_decode_step_real(a["q"], a["k"], a["v"], a["lam_ri"], a["beta_ri"],
-                                        a["G"], a["state"])  # fmt: skip
+    return interdomain_decode_step(
+        a["q"],
+        a["k"],
+        a["v"],
+        a["lam_ri"],
+        a["beta_ri"],
+        a["G"],
+        a["state"],
+        inplace=True,
+    )[0]  # fmt: skip
 
 
 def varlen(p, **over):
     a = {**p, **over}
     cu = torch.tensor([0, 2, T])
-    return interdomain_attention_varlen(a["q"][:1], a["k"][:1], a["v"][:1], a["lam"], a["beta"],
-                                        a["C"], cu)  # fmt: skip
+    return interdomain_attention(
+        a["q"][:1],
+        a["k"][:1],
+        a["v"][:1],
+        a["lam"],
+        a["beta"],
+        a["C"],
+        cu_seqlens=cu,
+    )[0]  # fmt: skip
 
 
 CASES = {
@@ -85,8 +109,8 @@ CASES = {
     "core v on meta": (lambda p: core(p, v=meta(p["v"])), ValueError, r"v: expected a tensor on cpu"),
     "core reset on meta": (lambda p: core(p, reset=torch.zeros(B, T, dtype=torch.bool, device="meta")), ValueError, r"reset: expected a tensor on cpu"),
     "core state on meta": (lambda p: core(p, initial_state=tuple(map(meta, p["initial_state"]))), ValueError, r"initial_state\[0\]: expected a tensor on cpu"),
-    "real G_hat on meta": (lambda p: real(p, G_hat=meta(real_args(p)[2])), ValueError, r"G_hat: expected a tensor on cpu"),
-    "real lam_ri on meta": (lambda p: real(p, lam_ri=meta(real_args(p)[0])), ValueError, r"lam_ri: expected a tensor on cpu"),
+    "real G_hat on meta": (lambda p: real(p, G_hat=meta(real_args(p)[2])), ValueError, r"C: expected a tensor on cpu"),
+    "real lam_ri on meta": (lambda p: real(p, lam_ri=meta(real_args(p)[0])), ValueError, r"lam: expected a tensor on cpu"),
     "varlen C on meta": (lambda p: varlen(p, C=meta(p["C"])), ValueError, r"C: expected a tensor on cpu"),
     "step lam on meta": (lambda p: step(p, lam=meta(p["lam"])), ValueError, r"lam: expected a tensor on cpu"),
     "step state on meta": (lambda p: step(p, state=tuple(map(meta, empty_state(B, H, M, R, D)))), ValueError, r"state\[0\]: expected a tensor on cpu"),
@@ -95,9 +119,9 @@ CASES = {
     "core B = 0": (lambda p: core(p, q=p["q"][:0], k=p["k"][:0], v=p["v"][:0], initial_state=None), ValueError, r"q, v: expected non-zero B, H, R and D"),
     "core H = 0": (lambda p: core(p, q=p["q"][:, :, :0], k=p["k"][:, :, :0], v=p["v"][:, :, :0], lam=p["lam"][:0], beta=p["beta"][:0], C=p["C"][:0], initial_state=None), ValueError, r"q, v: expected non-zero"),
     "core M = 0": (lambda p: core(p, lam=p["lam"][:, :0], beta=p["beta"][:, :0], C=p["C"][:, :0, :0], initial_state=None), ValueError, r"lam: expected at least one mode"),
-    "real M = 0": (lambda p: real(p, lam_ri=real_args(p)[0][:, :0], beta_ri=real_args(p)[1][:, :0], G_hat=torch.zeros(H, 0, 0)), ValueError, r"lam_ri: expected at least one mode"),
+    "real M = 0": (lambda p: real(p, lam_ri=real_args(p)[0][:, :0], beta_ri=real_args(p)[1][:, :0], G_hat=torch.zeros(H, 0, 0)), ValueError, r"lam: expected at least one mode"),
     # varlen: rank before the batch-of-one rule, parameters before indexing
-    "varlen 3-dim q": (lambda p: interdomain_attention_varlen(p["q"][0], p["k"][0], p["v"][0], p["lam"], p["beta"], p["C"], torch.tensor([0, T])), ValueError, r"q: expected 4 dims"),
+    "varlen 3-dim q": (lambda p: interdomain_attention(p["q"][0], p["k"][0], p["v"][0], p["lam"], p["beta"], p["C"], cu_seqlens=torch.tensor([0, T]))[0], ValueError, r"q: expected 4 dims"),
     "varlen bad lam": (lambda p: varlen(p, lam=p["lam"][:1]), ValueError, r"lam: expected shape \(H, M\)"),
     # the decode steps
     "step (B, 1, H, R) query": (lambda p: step(p, q=p["q"][:, :1]), ValueError, r"q: expected \(B, H, R\) = \(2, 2, 3\) or \(B, H, r, R\)"),
@@ -140,7 +164,7 @@ def test_unstable_decay_warns(p):
     with pytest.warns(RuntimeWarning, match=r"lam: \|λ\| reaches 1.5 > 1, an unstable decay"):
         core(p, lam=p["lam"] / p["lam"].abs() * 1.5)
     lam_ri = real_args(p)[0]
-    with pytest.warns(RuntimeWarning, match=r"lam_ri: \|λ\| reaches 2 > 1"):
+    with pytest.warns(RuntimeWarning, match=r"lam: \|λ\| reaches 2 > 1"):
         real(p, lam_ri=lam_ri / torch.linalg.vector_norm(lam_ri, dim=-1, keepdim=True) * 2)
 
 

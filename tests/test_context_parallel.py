@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from idmix.functional import interdomain_attention_real, readout_gram_real
+from idmix.functional import interdomain_attention, readout_gram_real
 from idmix.functional.context_parallel import interdomain_attention_context_parallel
 from tests.distributed import exit_codes, run_ranks
 from tests.helpers import make_problem
@@ -65,9 +65,17 @@ def _check_case(rank, world, T, bounds, token_decays, resets):
     p = problem(T, token_decays, resets)
     # the single-process reference, on every rank
     ref = _leaves(p)
-    o, Z = interdomain_attention_real(
-        ref["q"], ref["k"], ref["v"], ref["lam_ri"], ref["beta_ri"], ref["G_hat"],
-        ref["initial_state"], chunk_size=8, reset=p["reset"],
+    o, Z = interdomain_attention(
+        ref["q"],
+        ref["k"],
+        ref["v"],
+        ref["lam_ri"],
+        ref["beta_ri"],
+        ref["G_hat"],
+        initial_state=ref["initial_state"],
+        chunk_size=8,
+        reset=p["reset"],
+        output_final_state=True,
     )  # fmt: skip
     lo, lz = _loss(o, Z, seed=7)
     (lo + lz).backward()

@@ -75,9 +75,9 @@ def test_interdomain_op(impl, readout, with_reset, small_segments):
             readout=readout,
             impl=impl,
             initial_state=(Xk, Xv),
-            return_final_state=True,
             chunk_size=4,
             reset=reset if with_reset else None,
+            output_final_state=True,
         )
         return o, torch.view_as_real(Xk1), torch.view_as_real(Xv1)
 

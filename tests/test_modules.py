@@ -29,8 +29,16 @@ def literal_forward(layer, x, readout: str):
     pos, reset = positions_and_resets(None, *x.shape[:2], x.device)
     (q, a, b), _ = layer._inputs(x, pos, reset)
     lam, beta, C = (t.to(torch.complex128) for t in layer.core.discretized())
-    o = interdomain_attention(q.double(), a.double(), b.double(), lam, beta, C, readout=readout,
-                              impl="naive")  # fmt: skip
+    o = interdomain_attention(
+        q.double(),
+        a.double(),
+        b.double(),
+        lam,
+        beta,
+        C,
+        readout=readout,
+        impl="naive",
+    )[0]  # fmt: skip
     return layer._output(x, o.float())
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from idmix.functional import interdomain_attention, interdomain_attention_real, readout_gram
-from idmix.functional.interdomain import interdomain_attention_varlen, state_to_interleaved
+from idmix.functional import interdomain_attention, readout_gram
+from idmix.functional.interdomain import state_to_interleaved
 from tests.helpers import make_problem, tiny_model
 
 # every op here runs with fresh allocations poisoned to NaN (tests/helpers.PoisonEmpty)
@@ -31,9 +31,19 @@ def base():
 
 def run(p, reset, impl, **over):
     a = {**p, **over}
-    return interdomain_attention(a["q"], a["k"], a["v"], a["lam"], a["beta"], a["C"],
-                                 initial_state=a["initial_state"], return_final_state=True,
-                                 chunk_size=8, impl=impl, reset=reset)  # fmt: skip
+    return interdomain_attention(
+        a["q"],
+        a["k"],
+        a["v"],
+        a["lam"],
+        a["beta"],
+        a["C"],
+        initial_state=a["initial_state"],
+        chunk_size=8,
+        impl=impl,
+        reset=reset,
+        output_final_state=True,
+    )  # fmt: skip
 
 
 def with_value(x, index, value):
@@ -133,15 +143,31 @@ def test_real_form_and_varlen(base):
     G = readout_gram(p["C"], "conj")
     k = with_value(p["k"], (0, 15, 1, 2), float("nan"))
     Z0 = state_to_interleaved(*p["initial_state"])
-    o, Z = interdomain_attention_real(
-        p["q"], k, p["v"], lam_ri, beta_ri, G, Z0, chunk_size=8, reset=reset
+    o, Z = interdomain_attention(
+        p["q"],
+        k,
+        p["v"],
+        lam_ri,
+        beta_ri,
+        G,
+        initial_state=Z0,
+        chunk_size=8,
+        reset=reset,
+        output_final_state=True,
     )
     assert torch.equal(~torch.isfinite(o).all(-1), region(0, 15, 1, to=25))
     assert torch.isfinite(Z).all()
     cu = torch.tensor(STARTS + [T])
-    ov = interdomain_attention_varlen(
-        p["q"][:1], k[:1], p["v"][:1], p["lam"], p["beta"], p["C"], cu, chunk_size=8
-    )
+    ov = interdomain_attention(
+        p["q"][:1],
+        k[:1],
+        p["v"][:1],
+        p["lam"],
+        p["beta"],
+        p["C"],
+        cu_seqlens=cu,
+        chunk_size=8,
+    )[0]
     assert torch.equal(~torch.isfinite(ov[0]).all(-1), region(0, 15, 1, to=25)[0])
 
 

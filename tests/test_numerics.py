@@ -14,7 +14,9 @@ pytestmark = pytest.mark.usefixtures("poison")
 
 
 def op(p, **kw):
-    return interdomain_attention(p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"], **kw)
+    """o, or (o, final state) with output_final_state=True."""
+    o, state = interdomain_attention(p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"], **kw)
+    return (o, state) if kw.get("output_final_state") else o
 
 
 @pytest.mark.parametrize("dt_range", [(1e-3, 1e-1), (1.0, 10.0)])
@@ -24,8 +26,8 @@ def test_float32_stable_at_64k(dt_range):
     ≤ 4.3e-6 of the output RMS, final state ≤ 5.2e-7."""
     kw = dict(B=1, T=65536, H=2, R=4, D=4, M=4, dt_range=dt_range, with_state=False)
     p64, p32 = make_problem(**kw), make_problem(dtype=torch.float32, **kw)
-    o32, s32 = op(p32, return_final_state=True)
-    o64, s64 = op(p64, return_final_state=True, impl="naive")
+    o32, s32 = op(p32, output_final_state=True)
+    o64, s64 = op(p64, output_final_state=True, impl="naive")
     assert torch.isfinite(o32).all()
     assert_rel(o32, o64, 1e-5, "o", max_tol=1e-4)
     assert_rel(s32[0], s64[0], 1e-5, "Xk", max_tol=1e-4)
@@ -54,10 +56,10 @@ def test_bf16_autocast_keeps_state_fp32():
     (measured: 2.4e-3 and 1.5e-3 relative RMSE); a bf16 state measurably fails these bounds
     (1.5e-2 and 1.1e-2), so the test tells the two apart."""
     p = make_problem(B=2, T=200, H=2, R=16, D=16, M=8, dtype=torch.float32)
-    ref, ref_state = op(p, initial_state=p["initial_state"], return_final_state=True)
+    ref, ref_state = op(p, initial_state=p["initial_state"], output_final_state=True)
     leaves = {n: p[n].bfloat16().requires_grad_() for n in ("q", "k", "v")}
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        o, state = op(dict(p, **leaves), initial_state=p["initial_state"], return_final_state=True)
+        o, state = op(dict(p, **leaves), initial_state=p["initial_state"], output_final_state=True)
         o.float().square().sum().backward()
     assert o.dtype == torch.bfloat16
     assert state[0].dtype == torch.complex64 and state[1].dtype == torch.complex64

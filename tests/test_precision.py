@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from idmix.functional import interdomain_attention, interdomain_attention_real
+from idmix.functional import interdomain_attention
 from idmix.functional.interdomain.numerics import (
     GPU_DEFAULT,
     PRECISIONS,
@@ -72,14 +72,15 @@ def test_bad_precision_is_refused_by_name():
     p = make_problem(T=9, dtype=torch.float32)
     args = [p[n] for n in ("q", "k", "v", "lam", "beta", "C")]
     with pytest.raises(ValueError, match="precision: expected one of"):
-        interdomain_attention(*args, precision="fp8")
+        interdomain_attention(*args, precision="fp8")[0]
     with pytest.raises(ValueError, match="precision: 'bf16' applies to impl='chunked' only"):
-        interdomain_attention(*args, precision="bf16", impl="naive")
+        interdomain_attention(*args, precision="bf16", impl="naive")[0]
     p64 = make_problem(T=9, dtype=torch.float64)
     with pytest.raises(ValueError, match="precision: 'tf32' rounds fp32 products"):
         interdomain_attention(
-            *(p64[n] for n in ("q", "k", "v", "lam", "beta", "C")), precision="tf32"
-        )
+            *(p64[n] for n in ("q", "k", "v", "lam", "beta", "C")),
+            precision="tf32",
+        )[0]
     with pytest.raises(ValueError, match="precision: expected one of"):
         InterdomainAttention(32, 2, precision="half")
 
@@ -87,9 +88,14 @@ def test_bad_precision_is_refused_by_name():
 def _run(p, precision, dtype=torch.float32):
     leaves = [p[n].to(dtype).requires_grad_() for n in ("q", "k", "v")]
     o = interdomain_attention(
-        *leaves, p["lam"], p["beta"], p["C"], initial_state=p["initial_state"],
-        precision=precision, chunk_size=16,
-    )  # fmt: skip
+        *leaves,
+        p["lam"],
+        p["beta"],
+        p["C"],
+        initial_state=p["initial_state"],
+        precision=precision,
+        chunk_size=16,
+    )[0]  # fmt: skip
     g = torch.Generator().manual_seed(2)
     w = torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype)
     return [o.detach(), *torch.autograd.grad((o * w).sum(), leaves)]
@@ -122,7 +128,7 @@ def test_the_layer_passes_its_precision_to_the_op(monkeypatch):
     seen = []
     import idmix.modules.readouts as readouts
 
-    real = readouts.interdomain_attention_real
+    real = readouts.whole_sequence
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("precision"))
@@ -145,8 +151,12 @@ def test_real_entry_point_takes_precision():
 
     lam, beta = (torch.view_as_real(p[n]) for n in ("lam", "beta"))
     G = readout_gram_real(p["C"].real, p["C"].imag)
-    o1, _ = interdomain_attention_real(p["q"], p["k"], p["v"], lam, beta, G, precision="ieee")
-    o2, _ = interdomain_attention_real(p["q"], p["k"], p["v"], lam, beta, G)
+    o1, _ = interdomain_attention(
+        p["q"], p["k"], p["v"], lam, beta, G, precision="ieee", output_final_state=True
+    )
+    o2, _ = interdomain_attention(p["q"], p["k"], p["v"], lam, beta, G, output_final_state=True)
     assert torch.equal(o1, o2), "on CPU 'auto' is 'ieee'"
-    o3, _ = interdomain_attention_real(p["q"], p["k"], p["v"], lam, beta, G, precision="bf16")
+    o3, _ = interdomain_attention(
+        p["q"], p["k"], p["v"], lam, beta, G, precision="bf16", output_final_state=True
+    )
     assert not torch.equal(o1, o3)

@@ -32,11 +32,11 @@ def run(p, impl, readout, chunk_size=16, grads=True, seed=1, reset=None, backend
         leaves["C"],
         readout=readout,
         initial_state=(Xk0, Xv0),
-        return_final_state=True,
         chunk_size=chunk_size,
         impl=impl,
         reset=reset,
         backend=backend,
+        output_final_state=True,
     )
     return _with_grads(o, Xk, Xv, [*leaves.values(), Xk0, Xv0], grads, seed)
 
@@ -126,11 +126,24 @@ def test_odd_dims_without_initial_state():
     p = make_problem(B=3, T=41, H=1, R=1, D=3, M=1, with_state=False)
     for impl in ("chunked", "closed_form", "recurrent"):
         o = interdomain_attention(
-            p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"], impl=impl, chunk_size=8
-        )
+            p["q"],
+            p["k"],
+            p["v"],
+            p["lam"],
+            p["beta"],
+            p["C"],
+            impl=impl,
+            chunk_size=8,
+        )[0]
         ref = interdomain_attention(
-            p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"], impl="naive"
-        )
+            p["q"],
+            p["k"],
+            p["v"],
+            p["lam"],
+            p["beta"],
+            p["C"],
+            impl="naive",
+        )[0]
         assert_rel(o, ref, TOL_FP64, impl)
 
 
@@ -193,11 +206,11 @@ def test_resets_equal_separate_sequences():
     reset = torch.zeros(1, 50, dtype=torch.bool)
     reset[0, [0, 13, 14, 40]] = True
     args = [p[n] for n in ("q", "k", "v", "lam", "beta", "C")]
-    o = interdomain_attention(*args, reset=reset, chunk_size=8)
+    o = interdomain_attention(*args, reset=reset, chunk_size=8)[0]
     cuts = [0, 13, 14, 40, 50]
     ref = torch.cat(
         [
-            interdomain_attention(*(a[:, t0:t1] for a in args[:3]), *args[3:], impl="naive")
+            interdomain_attention(*(a[:, t0:t1] for a in args[:3]), *args[3:], impl="naive")[0]
             for t0, t1 in zip(cuts[:-1], cuts[1:], strict=True)
         ],
         dim=1,
@@ -224,9 +237,9 @@ def test_inductor_backend_matches_reference(T, compiler, request):
 
 @pytest.mark.parametrize("decays", ["shared", "per_token"])
 def test_the_real_form_entry_runs_every_impl(decays):
-    """interdomain_attention_real takes impl= like the complex API: the same table, the same
+    """The real form takes impl= like the complex one: the same table, the same
     numbers (fp64), and an unknown name is refused by name."""
-    from idmix.functional import interdomain_attention_real, readout_gram
+    from idmix.functional import readout_gram
     from idmix.functional.interdomain import state_to_interleaved
 
     B, T, H, R, D, M = 2, 29, 2, 3, 4, 5
@@ -236,13 +249,15 @@ def test_the_real_form_entry_runs_every_impl(decays):
         lam, beta = lam.expand(B, T, H, M) * 0.9, beta.expand(B, T, H, M)
     args = (
         p["q"], p["k"], p["v"], torch.view_as_real(lam), torch.view_as_real(beta),
-        readout_gram(p["C"]), state_to_interleaved(*p["initial_state"]),
+        readout_gram(p["C"]),
     )  # fmt: skip
+    Z0 = state_to_interleaved(*p["initial_state"])
     reset = random_resets(B, T, seed=2)
-    o_ref, Z_ref = interdomain_attention_real(*args, impl="naive", reset=reset)
+    kw = dict(initial_state=Z0, output_final_state=True, reset=reset)
+    o_ref, Z_ref = interdomain_attention(*args, impl="naive", **kw)
     for impl in ("chunked", "closed_form", "recurrent"):
-        o, Z = interdomain_attention_real(*args, impl=impl, reset=reset, chunk_size=8)
+        o, Z = interdomain_attention(*args, impl=impl, chunk_size=8, **kw)
         assert_rel(o, o_ref, TOL_FP64, f"{impl} output")
         assert_rel(Z, Z_ref, TOL_FP64, f"{impl} state")
     with pytest.raises(ValueError, match="impl: expected one of"):
-        interdomain_attention_real(*args, impl="fast")
+        interdomain_attention(*args, impl="fast")

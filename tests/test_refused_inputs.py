@@ -15,11 +15,7 @@ from torch.func import grad, jvp, vmap
 
 from idmix.functional import (
     interdomain_attention,
-    interdomain_attention_real,
-    interdomain_attention_varlen,
-    interdomain_attention_varlen_real,
     interdomain_decode_step,
-    interdomain_decode_step_real,
     readout_gram,
     short_conv,
     short_conv_step,
@@ -51,29 +47,21 @@ def _real_form(p):
     return torch.view_as_real(p["lam"]), torch.view_as_real(p["beta"]), G
 
 
-# Every entry point that runs the chunked path, as a function of q (the input transformed);
-# B = 1, so the varlen ops take the problem as one packed row (per-token decays (1, S, H, M))
+# Every form of call that runs the chunked path, as a function of q (the input transformed);
+# B = 1, so packed calls take the problem as one packed row (per-token decays (1, S, H, M))
+def _complex_call(p, **kw):
+    return lambda q: interdomain_attention(q, p["k"], p["v"], p["lam"], p["beta"], p["C"], **kw)[0]
+
+
+def _real_call(p, **kw):
+    return lambda q: interdomain_attention(q, p["k"], p["v"], *_real_form(p), **kw)[0]
+
+
 CHUNKED = {
-    "interdomain_attention": lambda p: (
-        lambda q: interdomain_attention(
-            q, p["k"], p["v"], p["lam"], p["beta"], p["C"], initial_state=p["initial_state"]
-        )
-    ),
-    "interdomain_attention_real": lambda p: (
-        lambda q: interdomain_attention_real(
-            q, p["k"], p["v"], *_real_form(p), state_to_interleaved(*p["initial_state"])
-        )[0]
-    ),
-    "interdomain_attention_varlen": lambda p: (
-        lambda q: interdomain_attention_varlen(
-            q, p["k"], p["v"], p["lam"], p["beta"], p["C"], torch.tensor([0, 2, T])
-        )
-    ),
-    "interdomain_attention_varlen_real": lambda p: (
-        lambda q: interdomain_attention_varlen_real(
-            q, p["k"], p["v"], *_real_form(p), torch.tensor([0, 2, T])
-        )
-    ),
+    "complex": lambda p: _complex_call(p, initial_state=p["initial_state"]),
+    "real": lambda p: _real_call(p, initial_state=state_to_interleaved(*p["initial_state"])),
+    "complex packed": lambda p: _complex_call(p, cu_seqlens=torch.tensor([0, 2, T])),
+    "real packed": lambda p: _real_call(p, cu_seqlens=torch.tensor([0, 2, T])),
 }
 
 
@@ -114,7 +102,8 @@ def test_chunked_path_refuses_transforms_by_name(p, entry, transform):
     """Was: jvp and forward_ad returned a zero (or no) tangent silently on the shared path, the
     rest failed deep inside with torch's messages."""
     run, what = TRANSFORMS[transform]
-    with pytest.raises(NotImplementedError, match=rf"{entry}: {what} is not supported .*'naive'"):
+    message = rf"interdomain_attention: {what} is not supported .*'naive'"
+    with pytest.raises(NotImplementedError, match=message):
         run(CHUNKED[entry](p), p["q"])
 
 
@@ -132,12 +121,12 @@ def test_forward_ad_on_any_input_is_refused(p):
     lam_ri, beta_ri, G = _real_form(p)
     with fwAD.dual_level(), pytest.raises(NotImplementedError, match=r"forward-mode AD"):
         dual = fwAD.make_dual(lam_ri, torch.ones_like(lam_ri))
-        interdomain_attention_real(p["q"], p["k"], p["v"], dual, beta_ri, G)
+        interdomain_attention(p["q"], p["k"], p["v"], dual, beta_ri, G, output_final_state=True)
 
 
 def test_first_order_gradients_with_create_graph_are_unchanged(p):
     """create_graph=True alone (no second backward) still gives the right gradients."""
-    f = CHUNKED["interdomain_attention"](p)
+    f = CHUNKED["complex"](p)
     q = p["q"].clone().requires_grad_()
     (g1,) = torch.autograd.grad(f(q).square().sum(), q, create_graph=True)
     (g0,) = torch.autograd.grad(f(q).square().sum(), q)
@@ -149,7 +138,9 @@ def _plain(p, impl):
     """The op of impl on every differentiable input (the initial state included)."""
 
     def f(q, k, v, lam, beta, Xk, Xv):
-        return interdomain_attention(q, k, v, lam, beta, p["C"], initial_state=(Xk, Xv), impl=impl)
+        return interdomain_attention(q, k, v, lam, beta, p["C"], initial_state=(Xk, Xv), impl=impl)[
+            0
+        ]
 
     return f
 
@@ -194,8 +185,16 @@ def test_plain_impls_vmap_is_right(impl):
     def f(q, k, v, lam, beta, Xk, Xv, reset):
         C = ps[0]["C"]
         return interdomain_attention(
-            q, k, v, lam, beta, C, initial_state=(Xk, Xv), impl=impl, reset=reset
-        )
+            q,
+            k,
+            v,
+            lam,
+            beta,
+            C,
+            initial_state=(Xk, Xv),
+            impl=impl,
+            reset=reset,
+        )[0]
 
     got = vmap(f)(*stack, reset)
     ref = torch.stack([f(*(x[i] for x in stack), reset[i]) for i in range(2)])
@@ -234,14 +233,30 @@ def s():
 
 def _core(s, **over):
     a = {**s, **over}
-    return interdomain_attention(a["q"], a["k"], a["v"], a["lam"], a["beta"], a["C"],
-                                 reset=a.get("reset"))  # fmt: skip
+    return interdomain_attention(
+        a["q"],
+        a["k"],
+        a["v"],
+        a["lam"],
+        a["beta"],
+        a["C"],
+        reset=a.get("reset"),
+    )[0]  # fmt: skip
 
 
 def _real(s, **over):
     a = {**s, **over}
-    return interdomain_attention_real(a["q"], a["k"], a["v"], a["lam_ri"], a["beta_ri"], a["G"],
-                                      a.get("Z0"), reset=a.get("reset"))  # fmt: skip
+    return interdomain_attention(
+        a["q"],
+        a["k"],
+        a["v"],
+        a["lam_ri"],
+        a["beta_ri"],
+        a["G"],
+        initial_state=a.get("Z0"),
+        reset=a.get("reset"),
+        output_final_state=True,
+    )  # fmt: skip
 
 
 def _step(s, **over):
@@ -253,13 +268,21 @@ def _step(s, **over):
 def _step_real(s, **over):
     a = {"q": s["q"][:, 0], "k": s["k"][:, 0], "v": s["v"][:, 0],
          "state": torch.zeros(2, 2, 7, 6), **over}  # fmt: skip
-    return interdomain_decode_step_real(a["q"], a["k"], a["v"], s["lam_ri"], s["beta_ri"], s["G"],
-                                        a["state"])  # fmt: skip
+    return interdomain_decode_step(
+        a["q"],
+        a["k"],
+        a["v"],
+        s["lam_ri"],
+        s["beta_ri"],
+        s["G"],
+        a["state"],
+        inplace=True,
+    )[0]  # fmt: skip
 
 
 def _varlen_real(s, Z0):
     args = (s["q"][:1], s["k"][:1], s["v"][:1], s["lam_ri"], s["beta_ri"], s["G"])
-    return interdomain_attention_varlen_real(*args, torch.tensor([0, 2, 5]), initial_state=Z0)
+    return interdomain_attention(*args, cu_seqlens=torch.tensor([0, 2, 5]), initial_state=Z0)[0]
 
 
 RESET = r"reset: expected a bool tensor of shape \(B, T\) = \(2, 5\) or None, got"

@@ -12,9 +12,7 @@ from idmix.functional import (
     discretize,
     discretize_real,
     interdomain_attention,
-    interdomain_attention_real,
     interdomain_decode_step,
-    interdomain_decode_step_real,
     readout_gram,
     readout_gram_real,
 )
@@ -109,20 +107,44 @@ def test_real_entry_points_equal_the_complex_ones(T):
     G = readout_gram(p["C"])
     reset = torch.zeros(2, T, dtype=torch.bool)
     reset[0, T // 2] = True
-    o, Z = interdomain_attention_real(
-        p["q"], p["k"], p["v"], lam_ri, beta_ri, G, Z0, chunk_size=16, reset=reset
+    o, Z = interdomain_attention(
+        p["q"],
+        p["k"],
+        p["v"],
+        lam_ri,
+        beta_ri,
+        G,
+        initial_state=Z0,
+        chunk_size=16,
+        reset=reset,
+        output_final_state=True,
     )
     o_ref, (Xk, Xv) = interdomain_attention(
-        p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"],
-        initial_state=p["initial_state"], return_final_state=True, chunk_size=16, reset=reset,
+        p["q"],
+        p["k"],
+        p["v"],
+        p["lam"],
+        p["beta"],
+        p["C"],
+        initial_state=p["initial_state"],
+        chunk_size=16,
+        reset=reset,
+        output_final_state=True,
     )  # fmt: skip
     assert_rel(o, o_ref, 1e-12, "o")
     assert_rel(Z, state_to_interleaved(Xk, Xv), 1e-12, "state")
     # the in-place real step equals the complex functional step
     state = Z.clone()
-    o_step = interdomain_decode_step_real(
-        p["q"][:, 0], p["k"][:, 0], p["v"][:, 0], lam_ri, beta_ri, G, state
-    )
+    o_step = interdomain_decode_step(
+        p["q"][:, 0],
+        p["k"][:, 0],
+        p["v"][:, 0],
+        lam_ri,
+        beta_ri,
+        G,
+        state,
+        inplace=True,
+    )[0]
     o_c, new = interdomain_decode_step(
         p["q"][:, 0], p["k"][:, 0], p["v"][:, 0], p["lam"], p["beta"], G, (Xk, Xv)
     )
@@ -136,13 +158,20 @@ def test_real_entry_point_errors_name_the_argument():
     lam_ri, beta_ri = torch.view_as_real(p["lam"]), torch.view_as_real(p["beta"])
     G = readout_gram(p["C"])
     args = (p["q"], p["k"], p["v"])
-    with pytest.raises(ValueError, match=r"lam_ri: expected \(H, M, 2\)"):
-        interdomain_attention_real(*args, lam_ri[:1], beta_ri, G)
-    with pytest.raises(ValueError, match=r"G_hat: expected \(H, 2M, 2M\)"):
-        interdomain_attention_real(*args, lam_ri, beta_ri, G[:, :4])
+    with pytest.raises(ValueError, match=r"lam: expected \(H, M, 2\)"):
+        interdomain_attention(*args, lam_ri[:1], beta_ri, G)
+    with pytest.raises(ValueError, match=r"C: expected \(H, 2M, 2M\)"):
+        interdomain_attention(*args, lam_ri, beta_ri, G[:, :4])
     with pytest.raises(ValueError, match=r"initial_state: expected \(B, H, R\+D, 2M\)"):
-        interdomain_attention_real(*args, lam_ri, beta_ri, G, torch.zeros(1, 2, 6, 4))
+        interdomain_attention(*args, lam_ri, beta_ri, G, initial_state=torch.zeros(1, 2, 6, 4))
     with pytest.raises(ValueError, match=r"state: expected a contiguous"):
-        interdomain_decode_step_real(
-            p["q"][:, 0], p["k"][:, 0], p["v"][:, 0], lam_ri, beta_ri, G, torch.zeros(1, 2, 8, 6).mT
-        )
+        interdomain_decode_step(
+            p["q"][:, 0],
+            p["k"][:, 0],
+            p["v"][:, 0],
+            lam_ri,
+            beta_ri,
+            G,
+            torch.zeros(1, 2, 8, 6).mT,
+            inplace=True,
+        )[0]

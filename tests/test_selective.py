@@ -10,9 +10,6 @@ import torch
 
 from idmix.functional import (
     interdomain_attention,
-    interdomain_attention_real,
-    interdomain_attention_varlen,
-    interdomain_attention_varlen_real,
     interdomain_decode_step,
     interleaved_to_state,
     readout_gram,
@@ -32,8 +29,12 @@ def run(p, impl, reset=None, chunk_size=8, dtype=torch.float64):
     leaves |= {n: p[n].to(cd).clone().requires_grad_() for n in ("lam", "beta", "C")}
     X0 = [s.to(cd).clone().requires_grad_() for s in p["initial_state"]]
     o, (Xk, Xv) = interdomain_attention(
-        *leaves.values(), initial_state=tuple(X0), return_final_state=True, impl=impl,
-        chunk_size=chunk_size, reset=reset,
+        *leaves.values(),
+        initial_state=tuple(X0),
+        impl=impl,
+        chunk_size=chunk_size,
+        reset=reset,
+        output_final_state=True,
     )  # fmt: skip
     g = torch.Generator().manual_seed(3)
     loss = (o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype)).sum()
@@ -80,7 +81,18 @@ def test_hand_written_backward_passes_gradcheck():
     args += [torch.view_as_real(p[n]).clone().requires_grad_() for n in ("lam", "beta")]
 
     def f(q, k, v, lam, beta, G, Z0):
-        return interdomain_attention_real(q, k, v, lam, beta, G, Z0, chunk_size=4, reset=reset)
+        return interdomain_attention(
+            q,
+            k,
+            v,
+            lam,
+            beta,
+            G,
+            initial_state=Z0,
+            chunk_size=4,
+            reset=reset,
+            output_final_state=True,
+        )
 
     assert torch.autograd.gradcheck(f, (*args, G, Z0))
 
@@ -160,8 +172,15 @@ def test_fp32_within_the_stated_bound_at_64k_tokens():
     p = selective_problem(B=1, T=T, H=1, R=2, D=2, M=4, dt_range=(1e-3, 10.0))
     with torch.no_grad():
         ref_o, ref_state = interdomain_attention(
-            p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"], impl="recurrent",
-            initial_state=p["initial_state"], return_final_state=True,
+            p["q"],
+            p["k"],
+            p["v"],
+            p["lam"],
+            p["beta"],
+            p["C"],
+            impl="recurrent",
+            initial_state=p["initial_state"],
+            output_final_state=True,
         )  # fmt: skip
     got = run(p, "chunked", chunk_size=16, dtype=torch.float32)
     assert_rel(got[0], ref_o, 1e-5, "fp32 output at 64K")
@@ -176,13 +195,27 @@ def test_fp32_within_the_stated_bound_at_64k_tokens():
 def test_real_form_and_decode_step_agree_with_the_complex_api():
     p = selective_problem(T=21)
     o, (Xk, Xv) = interdomain_attention(
-        p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"],
-        initial_state=p["initial_state"], return_final_state=True, chunk_size=8,
+        p["q"],
+        p["k"],
+        p["v"],
+        p["lam"],
+        p["beta"],
+        p["C"],
+        initial_state=p["initial_state"],
+        chunk_size=8,
+        output_final_state=True,
     )  # fmt: skip
     G = readout_gram(p["C"])
-    o_r, Z = interdomain_attention_real(
-        p["q"], p["k"], p["v"], torch.view_as_real(p["lam"]), torch.view_as_real(p["beta"]), G,
-        state_to_interleaved(*p["initial_state"]), chunk_size=8,
+    o_r, Z = interdomain_attention(
+        p["q"],
+        p["k"],
+        p["v"],
+        torch.view_as_real(p["lam"]),
+        torch.view_as_real(p["beta"]),
+        G,
+        initial_state=state_to_interleaved(*p["initial_state"]),
+        chunk_size=8,
+        output_final_state=True,
     )  # fmt: skip
     assert_rel(o_r, o, TOL_FP64, "real output")
     assert_rel(Z, state_to_interleaved(Xk, Xv), TOL_FP64, "real final state")
@@ -211,15 +244,22 @@ def test_packed_sequences_with_per_token_decays_run_as_if_alone(with_init):
             torch.randn(len(lengths), *s.shape[1:], generator=g, dtype=s.dtype).requires_grad_()
             for s in p["initial_state"]
         )
-    o, (xk, xv) = interdomain_attention_varlen(
-        *leaves.values(), cu, initial_state=init, return_final_state=True, chunk_size=8
+    o, (xk, xv) = interdomain_attention(
+        *leaves.values(),
+        cu_seqlens=cu,
+        initial_state=init,
+        chunk_size=8,
+        output_final_state=True,
     )
     outs, finals = [], []
     for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
         state = None if init is None else (init[0][i : i + 1], init[1][i : i + 1])
         o_i, s_i = interdomain_attention(
-            *(leaves[n][:, a:b] for n in ("q", "k", "v", "lam", "beta")), leaves["C"],
-            initial_state=state, return_final_state=True, chunk_size=8,
+            *(leaves[n][:, a:b] for n in ("q", "k", "v", "lam", "beta")),
+            leaves["C"],
+            initial_state=state,
+            chunk_size=8,
+            output_final_state=True,
         )  # fmt: skip
         outs.append(o_i)
         finals.append(state_to_interleaved(*s_i))
@@ -234,9 +274,17 @@ def test_packed_sequences_with_per_token_decays_run_as_if_alone(with_init):
     for i, (a, b) in enumerate(zip(got, ref, strict=True)):
         assert_rel(a, b, TOL_FP64, f"varlen grad {i}")
     real_init = None if init is None else state_to_interleaved(*init)
-    o_r, state_r = interdomain_attention_varlen_real(
-        p["q"], p["k"], p["v"], torch.view_as_real(p["lam"]), torch.view_as_real(p["beta"]),
-        readout_gram(p["C"]), cu, initial_state=real_init, return_final_state=True, chunk_size=8,
+    o_r, state_r = interdomain_attention(
+        p["q"],
+        p["k"],
+        p["v"],
+        torch.view_as_real(p["lam"]),
+        torch.view_as_real(p["beta"]),
+        readout_gram(p["C"]),
+        cu_seqlens=cu,
+        initial_state=real_init,
+        chunk_size=8,
+        output_final_state=True,
     )  # fmt: skip
     assert_rel(o_r, ref_o, TOL_FP64, "varlen real output")
     assert_rel(state_r, ref_state, TOL_FP64, "varlen real final states")
@@ -245,9 +293,9 @@ def test_packed_sequences_with_per_token_decays_run_as_if_alone(with_init):
 def test_shapes_are_checked():
     p = selective_problem(T=6)
     with pytest.raises(ValueError, match=r"lam: expected .*\(B, T, H, M\)"):
-        interdomain_attention(p["q"], p["k"], p["v"], p["lam"][:, :5], p["beta"], p["C"])
+        interdomain_attention(p["q"], p["k"], p["v"], p["lam"][:, :5], p["beta"], p["C"])[0]
     with pytest.raises(ValueError, match=r"beta: expected .*\(B, T, H, M\)"):
-        interdomain_attention(p["q"], p["k"], p["v"], p["lam"], p["beta"][0], p["C"])
+        interdomain_attention(p["q"], p["k"], p["v"], p["lam"], p["beta"][0], p["C"])[0]
 
 
 def test_selective_layer_starts_as_interdomain_and_learns_its_step_sizes():

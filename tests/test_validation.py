@@ -26,7 +26,7 @@ def call(p, **over):
         args["C"],
         initial_state=args["initial_state"],
         **{k: v for k, v in over.items() if k in ("readout", "chunk_size", "impl", "reset")},
-    )
+    )[0]
 
 
 @pytest.mark.parametrize(

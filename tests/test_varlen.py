@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idmix.functional import interdomain_attention, interdomain_attention_varlen
+from idmix.functional import interdomain_attention
 from tests.helpers import assert_rel, make_problem
 
 # every op here runs with fresh allocations poisoned to NaN (tests/helpers.PoisonEmpty)
@@ -37,8 +37,8 @@ def separately(p, cu, init, readout="conj"):
             p["C"],
             readout=readout,
             initial_state=state,
-            return_final_state=True,
             chunk_size=4,
+            output_final_state=True,
         )
         outs.append(o)
         xks.append(xk)
@@ -53,13 +53,13 @@ def test_varlen_equals_separate_calls_with_gradients(readout, with_init):
     p, cu = packed_problem(lengths)
     leaves = {n: p[n].clone().requires_grad_() for n in ("q", "k", "v", "lam", "beta", "C")}
     init = tuple(s.clone().requires_grad_() for s in p["initial_state"]) if with_init else None
-    o, (xk, xv) = interdomain_attention_varlen(
+    o, (xk, xv) = interdomain_attention(
         *(leaves[n] for n in ("q", "k", "v", "lam", "beta", "C")),
-        cu,
+        cu_seqlens=cu,
         readout=readout,
         initial_state=init,
-        return_final_state=True,
         chunk_size=4,
+        output_final_state=True,
     )
     ref_o, (ref_xk, ref_xv) = separately(leaves, cu, init, readout)
     for got, ref, what in ((o, ref_o, "o"), (xk, ref_xk, "Xk"), (xv, ref_xv, "Xv")):
@@ -82,9 +82,9 @@ def test_varlen_equals_separate_calls_with_gradients(readout, with_init):
 def test_packed_fast_path_equals_grouped_path(lengths, seed):
     """Without states, the one-call packed path (resets) equals the per-length batched path."""
     p, cu = packed_problem(lengths, seed=seed)
-    args = (*(p[n] for n in ("q", "k", "v", "lam", "beta", "C")), cu)
-    fast = interdomain_attention_varlen(*args, chunk_size=8)
-    grouped, _ = interdomain_attention_varlen(*args, chunk_size=8, return_final_state=True)
+    args = [p[n] for n in ("q", "k", "v", "lam", "beta", "C")]
+    fast, _ = interdomain_attention(*args, cu_seqlens=cu, chunk_size=8)
+    grouped, _ = interdomain_attention(*args, cu_seqlens=cu, chunk_size=8, output_final_state=True)
     assert_rel(fast, grouped, 1e-12, "fast vs grouped")
 
 
@@ -93,39 +93,51 @@ def test_bad_cu_seqlens_are_named():
     args = [p[n] for n in ("q", "k", "v", "lam", "beta", "C")]
     for bad in (torch.tensor([0, 3, 3, 7]), torch.tensor([0, 3, 6]), torch.tensor([1, 7])):
         with pytest.raises(ValueError, match="cu_seqlens: expected strictly increasing"):
-            interdomain_attention_varlen(*args, bad)
+            interdomain_attention(*args, cu_seqlens=bad)[0]
     with pytest.raises(ValueError, match="cu_seqlens: expected a 1-d int"):
-        interdomain_attention_varlen(*args, torch.tensor([0.0, 7.0]))
+        interdomain_attention(*args, cu_seqlens=torch.tensor([0.0, 7.0]))[0]
     with pytest.raises(ValueError, match="initial_state"):
-        interdomain_attention_varlen(
-            *args, cu, initial_state=tuple(s[:1] for s in p["initial_state"])
-        )
+        interdomain_attention(
+            *args,
+            cu_seqlens=cu,
+            initial_state=tuple(s[:1] for s in p["initial_state"]),
+        )[0]
     q2 = p["q"].expand(2, -1, -1, -1)
     with pytest.raises(ValueError, match="packed batch of 1 row"):
-        interdomain_attention_varlen(q2, q2, p["v"].expand(2, -1, -1, -1), *args[3:], cu)
+        interdomain_attention(q2, q2, p["v"].expand(2, -1, -1, -1), *args[3:], cu_seqlens=cu)[0]
 
 
 @pytest.mark.parametrize("with_state", [False, True])
 def test_real_form_equals_the_complex_api(with_state):
-    """interdomain_attention_varlen_real on the runtime contract ((N, H, R+D, 2M) interleaved
+    """cu_seqlens in the real form, on the runtime contract ((N, H, R+D, 2M) interleaved
     states, interleaved Ĝ) equals the complex API it backs, outputs and final states."""
-    from idmix.functional import (
-        interdomain_attention_varlen_real,
-        readout_gram,
-        state_to_interleaved,
-    )
+    from idmix.functional import interdomain_attention, readout_gram, state_to_interleaved
 
     p, cu = packed_problem([5, 1, 9, 5])
     init = p["initial_state"] if with_state else None
-    o, (xk, xv) = interdomain_attention_varlen(
-        p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"], cu,
-        initial_state=init, return_final_state=True, chunk_size=4,
+    o, (xk, xv) = interdomain_attention(
+        p["q"],
+        p["k"],
+        p["v"],
+        p["lam"],
+        p["beta"],
+        p["C"],
+        cu_seqlens=cu,
+        initial_state=init,
+        chunk_size=4,
+        output_final_state=True,
     )  # fmt: skip
-    o_r, Z = interdomain_attention_varlen_real(
-        p["q"], p["k"], p["v"],
-        torch.view_as_real(p["lam"]), torch.view_as_real(p["beta"]), readout_gram(p["C"]), cu,
+    o_r, Z = interdomain_attention(
+        p["q"],
+        p["k"],
+        p["v"],
+        torch.view_as_real(p["lam"]),
+        torch.view_as_real(p["beta"]),
+        readout_gram(p["C"]),
+        cu_seqlens=cu,
         initial_state=None if init is None else state_to_interleaved(*init),
-        return_final_state=True, chunk_size=4,
+        chunk_size=4,
+        output_final_state=True,
     )  # fmt: skip
     assert_rel(o_r, o, 1e-13, "output")
     assert_rel(Z, state_to_interleaved(xk, xv), 1e-13, "final states")

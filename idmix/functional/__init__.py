@@ -7,13 +7,10 @@ from .interdomain import (
     interdomain_attention,
     interdomain_attention_closed_form,
     interdomain_attention_naive,
-    interdomain_attention_real,
-    interdomain_attention_varlen,
-    interdomain_attention_varlen_real,
     interdomain_decode_step,
-    interdomain_decode_step_real,
     interleaved_to_state,
     state_to_interleaved,
+    to_real_form,
 )
 from .readout import READOUTS, readout_gram, readout_gram_real
 from .rope import rope
@@ -38,11 +35,7 @@ __all__ = [
     "interdomain_attention",
     "interdomain_attention_closed_form",
     "interdomain_attention_naive",
-    "interdomain_attention_real",
-    "interdomain_attention_varlen",
-    "interdomain_attention_varlen_real",
     "interdomain_decode_step",
-    "interdomain_decode_step_real",
     "interleaved_to_state",
     "log_uniform_dt",
     "readout_gram",
@@ -59,4 +52,5 @@ __all__ = [
     "silu_l2_feature_map",
     "silu_l2_feature_map_naive",
     "state_to_interleaved",
+    "to_real_form",
 ]

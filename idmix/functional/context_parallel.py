@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .collectives import all_gather_with_grad
-from .interdomain.api import compute_dtypes, interdomain_attention_real
+from .interdomain.api import compute_dtypes, interdomain_attention
 from .interdomain.validation import check_qkv, check_real_params, check_reset
 
 
@@ -106,7 +106,7 @@ def interdomain_attention_context_parallel(
     backend: str = "auto",
     precision: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``interdomain_attention_real`` (impl "chunked") on this rank's slice of the sequence.
+    """``interdomain_attention`` (real form, impl "chunked") on this rank's slice of the sequence.
 
     Every rank of group calls it with its contiguous slice, in rank order: q, k, v (B, T_r, ·)
     (T_r may differ between ranks), reset (B, T_r) for the slice (documents may start anywhere,
@@ -131,7 +131,7 @@ def interdomain_attention_context_parallel(
         own_state = carry(own_lam, initial_state.to(own_state.dtype)) + own_state
     first = initial_state if initial_state is None else initial_state.to(own_state.dtype)
     start = incoming_state(own_state, own_lam, group, first, gather)
-    return interdomain_attention_real(
-        q, k, v, lam_ri, beta_ri, G_hat, start, chunk_size=chunk_size, impl="chunked",
-        reset=reset, backend=backend, precision=precision,
+    return interdomain_attention(
+        q, k, v, lam_ri, beta_ri, G_hat, initial_state=start, output_final_state=True,
+        chunk_size=chunk_size, reset=reset, backend=backend, precision=precision,
     )  # fmt: skip

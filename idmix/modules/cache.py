@@ -24,7 +24,7 @@ class RecurrentCache:
     """SSM mixer state: constant in the context length.
 
     state: (B, H, R+D, 2M) fp32, the key and value states in the interleaved real form of
-    ``interdomain_attention_real`` (complex views: :meth:`complex_state`);
+    ``interdomain_attention`` (complex views: :meth:`complex_state`);
     conv_q, conv_a, conv_b: (B, W-1, d) short-conv histories of the query and the two input
     branches ((B, 0, d) for a branch without a conv).
     """

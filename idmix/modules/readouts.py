@@ -19,8 +19,8 @@ from torch import nn
 
 from ..functional import (
     READOUTS,
-    interdomain_attention_real,
-    interdomain_decode_step_real,
+    interdomain_attention,
+    interdomain_decode_step,
     interleaved_to_state,
     s4d_linear_readout,
     s4d_linear_step,
@@ -29,6 +29,13 @@ from ..functional import (
 from ..functional.interdomain.numerics import check_precision
 from ..functional.interdomain.validation import check_backend, check_chunk_size
 from .parts import ReadoutParts, SSMArgs
+
+
+def whole_sequence(q, k, v, lam_ri, beta_ri, G_hat, state, **options):
+    """The op on the real-form state the readouts keep: (o, final state)."""
+    return interdomain_attention(
+        q, k, v, lam_ri, beta_ri, G_hat, initial_state=state, output_final_state=True, **options
+    )
 
 
 class QueryReadout(nn.Module):
@@ -42,7 +49,7 @@ class QueryReadout(nn.Module):
     c_degree = 2  # the output depends on C through CᴴC
     needs_query = True
     # the chunked op; ``idmix.parallel.enable_context_parallel`` sets its split-sequence form
-    attention = staticmethod(interdomain_attention_real)
+    attention = staticmethod(whole_sequence)
 
     def __init__(
         self,
@@ -129,12 +136,12 @@ class QueryReadout(nn.Module):
         lam_ri, beta_ri = core.decoding_real()
         G_hat = core.decoding_gram(self.convention)
         if self.num_state_groups == self.num_heads:  # one query per state: the fused kernel
-            return interdomain_decode_step_real(
-                q, a, b, lam_ri, beta_ri, G_hat, state, backend=self.backend
-            )
+            return interdomain_decode_step(
+                q, a, b, lam_ri, beta_ri, G_hat, state, inplace=True, backend=self.backend
+            )[0]
         grouped = q.unflatten(1, (self.num_state_groups, -1))  # (B, G, r, d_h)
-        o = interdomain_decode_step_real(
-            grouped, a, b, lam_ri, beta_ri, G_hat, state, backend=self.backend
+        o, _ = interdomain_decode_step(
+            grouped, a, b, lam_ri, beta_ri, G_hat, state, inplace=True, backend=self.backend
         )
         return o.flatten(1, 2)  # (B, H, d_h)
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..functional import discretize_real, interdomain_decode_step_real
+from ..functional import discretize_real, interdomain_decode_step
 from .compose import ssm_mixer
 from .linear_state import inverse_softplus
 from .mixer import SSMMixer
@@ -73,9 +73,9 @@ class PerTokenDecayReadout(QueryReadout):
     def step(self, q, a, b, core, state):
         lam_ri, beta_ri = self.decays(a[:, None], b[:, None], core)
         G_hat = core.decoding_gram(self.convention)
-        return interdomain_decode_step_real(
-            q, a, b, lam_ri[:, 0], beta_ri[:, 0], G_hat, state, backend=self.backend
-        )
+        return interdomain_decode_step(
+            q, a, b, lam_ri[:, 0], beta_ri[:, 0], G_hat, state, inplace=True, backend=self.backend
+        )[0]
 
 
 class SelectiveQueryReadout(PerTokenDecayReadout):

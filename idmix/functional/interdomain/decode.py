@@ -1,9 +1,9 @@
 """Single-token decode step (docs/design.md §4): O(M(R+D) + M²) per head.
 
-The runtime form is the real one: ``interdomain_decode_step_real`` advances the interleaved
-real state (B, H, R+D, 2M) in place, on PyTorch or the fused Triton kernel. The complex
-``interdomain_decode_step`` is a thin wrapper around it (one copy of the state each way), kept as
-the readable API and reference.
+One entry, ``interdomain_decode_step``, for both forms of the op's parameters and state. The
+runtime form is the real one: the interleaved real state (B, H, R+D, 2M) the layers keep,
+advanced in place on PyTorch or the fused Triton kernel. A complex (Xk, Xv) state is copied to
+that form and back (the readable API and reference).
 """
 
 from __future__ import annotations
@@ -44,27 +44,40 @@ def interdomain_decode_step(
     lam: torch.Tensor,
     beta: torch.Tensor,
     G_hat: torch.Tensor,
-    state: State,
+    state: State | torch.Tensor,
+    *,
     inplace: bool = False,
     backend: str = "auto",
-) -> tuple[torch.Tensor, State]:
+) -> tuple[torch.Tensor, State | torch.Tensor]:
     """Advance the state by one position and read it out.
 
     q: (B, H, R), or (B, H, r, R) for r query heads reading each state head (grouped state);
-    k: (B, H, R); v: (B, H, D); lam, beta: (H, M) complex, or (B, H, M) per row (a selective
-    layer's decays at this token); G_hat: (H, 2M, 2M) real, interleaved
-    (``readout_gram(C, readout)``, computed once per set of weights, not per step);
-    state: (Xk: (B, H, M, R), Xv: (B, H, M, D)) complex64 or complex128, updated in place if
-    ``inplace``; q, k, v: one real dtype.
-    Returns (o: (B, H, D), or (B, H, r, D), in q's dtype; new state).
+    k: (B, H, R); v: (B, H, D), one real dtype; G_hat: (H, 2M, 2M) real, interleaved
+    (``readout_gram(C, readout)``, computed once per set of weights, not per step). The state
+    and decays in one of the op's two forms:
+    - complex: state (Xk (B, H, M, R), Xv (B, H, M, D)) complex64 or complex128; lam, beta
+      (H, M) complex, or (B, H, M) per row (a selective layer's decays at this token);
+    - real: state (B, H, R+D, 2M) fp32 or fp64, contiguous (the op's and the layers' runtime
+      form); lam, beta (H, M, 2) or (B, H, M, 2) [re, im]. No complex tensor anywhere, so the
+      torch path compiles whole with Inductor.
+    inplace: update the given state (and return it); otherwise a new state is returned and
+    gradients flow through a sequence of steps.
+    Returns (o: (B, H, D), or (B, H, r, D), in q's dtype; the new state, in the given form).
 
     Steps: X ← λ⊙X + β⊗z; p = Xᵏ q; w̃ = Ĝ p̂ (p̂, w̃: p, w in interleaved real form);
-    o = Re(Xᵛᴴ w).
-    U and Γ are never formed (the paper's O(M²(R+D)) form); the state is read once.
-
-    backend: as for :func:`interdomain_decode_step_real`. A thin wrapper of it: the state is
-    copied to the real form and back.
+    o = Re(Xᵛᴴ w). U and Γ are never formed (the paper's O(M²(R+D)) form); the state is read
+    once.
+    backend: "torch", "triton" (the fused in-place kernel of ``idmix_kernels``; on CPU only
+    under TRITON_INTERPRET=1; 3-dim q and an fp32 state, shared decays), or "auto": triton for
+    CUDA tensors with 3-dim q and shared decays when it is installed, torch otherwise.
     """
+    if isinstance(state, torch.Tensor):
+        if isinstance(lam, torch.Tensor) and lam.is_complex():
+            raise TypeError(
+                "state: expected a tuple (Xk, Xv) with complex lam and beta (a tensor state is "
+                "the real form (B, H, R+D, 2M), with real (…, M, 2) decays), got a tensor"
+            )
+        return _real_step(q, k, v, lam, beta, G_hat, state, inplace, backend)
     if not isinstance(state, (tuple, list)) or len(state) != 2:
         raise TypeError(f"state: expected a tuple (Xk, Xv), got {type(state).__name__}")
     B, H, M, R = state[0].shape if state[0].dim() == 4 else (None,) * 4
@@ -82,7 +95,7 @@ def interdomain_decode_step(
     Z = state_to_interleaved(*(X.to(cdtype) for X in state))  # a copy
     lam_ri, beta_ri = (torch.view_as_real(x.to(cdtype)) for x in (lam, beta))
     if _takes_kernel(backend, q, lam.dim() == 2):
-        o = interdomain_decode_step_real(q, k, v, lam_ri, beta_ri, G_hat, Z, backend="triton")
+        o = _real_step(q, k, v, lam_ri, beta_ri, G_hat, Z, True, "triton")[0]
     else:  # functional, so that gradients flow through a sequence of steps
         o, Z = torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z)
     Xk, Xv = interleaved_to_state(Z, R)
@@ -93,28 +106,8 @@ def interdomain_decode_step(
     return o, (Xk, Xv)
 
 
-def interdomain_decode_step_real(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lam_ri: torch.Tensor,
-    beta_ri: torch.Tensor,
-    G_hat: torch.Tensor,
-    state: torch.Tensor,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """The decode step on the real interleaved state the layers keep, updated in place.
-
-    q: (B, H, R) or (B, H, r, R); k: (B, H, R); v: (B, H, D); lam_ri, beta_ri: (H, M, 2) or
-    (B, H, M, 2) per row (torch path); G_hat: (H, 2M, 2M) interleaved; state:
-    (B, H, R+D, 2M) fp32 or fp64, contiguous (the state of ``interdomain_attention_real``).
-    Returns o: (B, H, D) or (B, H, r, D) in q's dtype.
-    No complex tensor anywhere, so the torch path compiles whole with Inductor.
-
-    backend: "torch", "triton" (the fused in-place kernel of ``idmix_kernels``; on CPU only
-    under TRITON_INTERPRET=1; 3-dim q and an fp32 state), or "auto": triton for CUDA tensors
-    with 3-dim q when it is installed, torch otherwise.
-    """
+def _real_step(q, k, v, lam_ri, beta_ri, G_hat, state, inplace: bool, backend: str):
+    """The step on the real interleaved state: (o, the new state)."""
     if (
         not isinstance(state, torch.Tensor)
         or not state.is_floating_point()
@@ -128,28 +121,32 @@ def interdomain_decode_step_real(
     check_decode_state_dtype("state", state.dtype, DECODE_STATE_DTYPES)
     B, H = state.shape[:2]
     R = k.shape[-1] if isinstance(k, torch.Tensor) else 0
-    M = check_real_params(lam_ri, beta_ri, G_hat, H, lead=(B,))
+    M = check_real_params(lam_ri, beta_ri, G_hat, H, lead=(B,), names=("lam", "beta", "G_hat"))
     if state.shape[3] != 2 * M or not 0 < R < state.shape[2]:
         raise ValueError(
             f"state: expected (B, H, R+D, 2M) with M = {M} and R = {R} (k's), got "
             f"{tuple(state.shape)}"
         )
     check_decode_inputs(q, k, v, B, H, R, state.shape[2] - R)
-    check_devices("q", q, lam_ri=lam_ri, beta_ri=beta_ri, G_hat=G_hat, state=state)
+    check_devices("q", q, lam=lam_ri, beta=beta_ri, G_hat=G_hat, state=state)
     shared = lam_ri.dim() == 3
     if _takes_kernel(backend, q, shared):
         if q.dim() != 3:
             raise ValueError(f"q: the triton decode step takes (B, H, R), got {tuple(q.shape)}")
         if not shared:
-            raise ValueError("lam_ri: the triton decode step takes shared (H, M, 2) decays")
+            raise ValueError("lam: the triton decode step takes shared (H, M, 2) decays")
         import idmix_kernels
 
-        return idmix_kernels.decode_step_triton(q, k, v, lam_ri, beta_ri, G_hat, state).to(q.dtype)
-    if _eager_without_grad(q, k, v, lam_ri, beta_ri, G_hat, state):
-        return _eager_step_(q, k, v, lam_ri, beta_ri, G_hat, state)
+        state = state if inplace else state.clone()
+        o = idmix_kernels.decode_step_triton(q, k, v, lam_ri, beta_ri, G_hat, state)
+        return o.to(q.dtype), state
+    if inplace and _eager_without_grad(q, k, v, lam_ri, beta_ri, G_hat, state):
+        return _eager_step_(q, k, v, lam_ri, beta_ri, G_hat, state), state
     o, new = torch_step(q, k, v, lam_ri, beta_ri, G_hat, state)
+    if not inplace:  # functional, so that gradients flow through a sequence of steps
+        return o, new
     state.copy_(new)
-    return o
+    return o, state
 
 
 def _eager_without_grad(*tensors) -> bool:

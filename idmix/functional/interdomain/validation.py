@@ -11,20 +11,12 @@ import torch.autograd.forward_ad as fwAD
 
 from ...debug import check_values, functorch_transforms
 from ..readout import READOUTS
+from .numerics import check_precision
 
 State = tuple[torch.Tensor, torch.Tensor]
 # Every op: "auto" picks triton for CUDA fp32 tensors; "inductor" is "torch" with the chunked
 # op's segment math (shared decays) compiled by torch.compile on first use per shape.
 BACKENDS = ("auto", "torch", "triton", "inductor")
-
-
-class Dims(NamedTuple):
-    B: int
-    T: int
-    H: int
-    R: int
-    D: int
-    M: int
 
 
 def _real_float(name: str, x: torch.Tensor) -> None:
@@ -179,10 +171,15 @@ def check_reset(reset, B: int, T: int) -> None:
         )
 
 
-def check_real_params(lam_ri, beta_ri, G_hat, H: int, lead: tuple[int, ...] | None = None) -> int:
+def check_real_params(
+    lam_ri, beta_ri, G_hat, H: int, lead: tuple[int, ...] | None = None,
+    names: tuple[str, str, str] = ("lam_ri", "beta_ri", "G_hat"),
+) -> int:  # fmt: skip
     """lam_ri, beta_ri: (H, M, 2) real, or (*lead, H, M, 2) when lead is given (per token
-    (B, T) or per row (B,)); G_hat: (H, 2M, 2M) real. Returns M."""
-    for name, x in (("lam_ri", lam_ri), ("beta_ri", beta_ri), ("G_hat", G_hat)):
+    (B, T) or per row (B,)); G_hat: (H, 2M, 2M) real; names: the caller's names for the three.
+    Returns M."""
+    n_lam, n_beta, n_G = names
+    for name, x in zip(names, (lam_ri, beta_ri, G_hat), strict=True):
         _real_float(name, x)
     shared = lam_ri.dim() == 3
     ok = lam_ri.shape[-3:-2] == (H,) and lam_ri.shape[-1] == 2
@@ -190,15 +187,15 @@ def check_real_params(lam_ri, beta_ri, G_hat, H: int, lead: tuple[int, ...] | No
         ok = ok and lead is not None and tuple(lam_ri.shape[:-3]) == tuple(lead)
     if not ok:
         expected = "(H, M, 2)" + ("" if lead is None else f" or {(*lead, 'H', 'M', 2)}")
-        raise ValueError(f"lam_ri: expected {expected} with H = {H}, got {tuple(lam_ri.shape)}")
+        raise ValueError(f"{n_lam}: expected {expected} with H = {H}, got {tuple(lam_ri.shape)}")
     M = lam_ri.shape[-2]
     if beta_ri.shape != lam_ri.shape:
-        raise ValueError(f"beta_ri: expected {tuple(lam_ri.shape)}, got {tuple(beta_ri.shape)}")
+        raise ValueError(f"{n_beta}: expected {tuple(lam_ri.shape)}, got {tuple(beta_ri.shape)}")
     if M < 1:
-        raise ValueError(f"lam_ri: expected at least one mode (M >= 1), got {tuple(lam_ri.shape)}")
+        raise ValueError(f"{n_lam}: expected at least one mode (M >= 1), got {tuple(lam_ri.shape)}")
     if tuple(G_hat.shape) != (H, 2 * M, 2 * M):
         raise ValueError(
-            f"G_hat: expected (H, 2M, 2M) = {(H, 2 * M, 2 * M)}, got {tuple(G_hat.shape)}"
+            f"{n_G}: expected (H, 2M, 2M) = {(H, 2 * M, 2 * M)}, got {tuple(G_hat.shape)}"
         )
     return M
 
@@ -249,15 +246,14 @@ _TRANSFORMS = {
 }
 DOUBLE_BACKWARD = (
     "double backward (backward through a gradient taken with create_graph=True) is not "
-    "supported by the chunked path (impl='chunked', interdomain_attention_real and the varlen "
-    "ops): its backward is written out by hand and is not itself differentiable; use "
+    "supported by the chunked path (impl='chunked'): its backward is written out by hand and "
+    "is not itself differentiable; use "
     "interdomain_attention(..., impl='naive') (or 'closed_form', 'recurrent')"
 )
 
 
 # What the ops' refusals of a transform on the chunked path name and suggest
 CHUNKED_PATH = "impl='chunked'"
-CHUNKED_PATH_REAL = "this op (the chunked path, impl='chunked')"
 PLAIN_IMPLS = (
     "use impl='naive' (or 'closed_form', 'recurrent': plain PyTorch, every transform runs)"
 )
@@ -317,18 +313,6 @@ def refuse_double_backward(grads, anchors):
     return tuple(out) if isinstance(grads, tuple) else out
 
 
-def check_inputs(q, k, v, lam, beta, C, readout, initial_state, chunk_size) -> Dims:
-    """Validate the arguments of ``interdomain_attention``; returns the problem sizes."""
-    B, T, H, R, D = check_qkv(q, k, v)
-    M = check_params(lam, beta, C, H, readout, (B, T))
-    check_devices("q", q, lam=lam, beta=beta, C=C, initial_state=initial_state)
-    warn_if_unstable("lam", lam)
-    if initial_state is not None:
-        check_state(initial_state, B, H, M, R, D, "initial_state")
-    check_chunk_size(chunk_size)
-    return Dims(B, T, H, R, D, M)
-
-
 def warn_if_unstable(name: str, lam: torch.Tensor) -> None:
     """Warn (once per call site) when a decay has |λ| > 1: the state then grows without bound.
     lam: complex, or real pairs (..., 2). A value check, so only where
@@ -344,3 +328,86 @@ def warn_if_unstable(name: str, lam: torch.Tensor) -> None:
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+
+def check_cu_seqlens(cu_seqlens, total: int) -> list[int]:
+    """cu_seqlens: (N+1,) integer tensor, 0 = c_0 < c_1 < … < c_N = total. Returns it as a list."""
+    if (
+        not isinstance(cu_seqlens, torch.Tensor)
+        or cu_seqlens.dim() != 1
+        or cu_seqlens.dtype not in (torch.int32, torch.int64)
+        or cu_seqlens.numel() < 2
+    ):
+        raise ValueError("cu_seqlens: expected a 1-d int32/int64 tensor of N+1 offsets, N >= 1")
+    cu = cu_seqlens.tolist()
+    if cu[0] != 0 or cu[-1] != total or any(b <= a for a, b in zip(cu, cu[1:], strict=False)):
+        raise ValueError(
+            f"cu_seqlens: expected strictly increasing offsets from 0 to the packed length "
+            f"{total} (no empty sequence), got {cu}"
+        )
+    return cu
+
+
+IMPLS = ("chunked", "naive", "closed_form", "recurrent")
+
+
+class Call(NamedTuple):
+    """A checked call's sizes: which parameter form, (B, T, H, R, D, M), cu_seqlens as a list
+    (or None)."""
+
+    complex_form: bool
+    B: int
+    T: int
+    H: int
+    R: int
+    D: int
+    M: int
+    cu: list[int] | None
+
+
+def check_arguments(
+    q, k, v, lam, beta, C, *, readout, cu_seqlens, initial_state, reset, chunk_size, impl,
+    backend, precision,
+) -> Call:  # fmt: skip
+    """Every argument of ``interdomain_attention``, in either parameter form, each error
+    naming its argument. Returns the call's sizes."""
+    B, T, H, R, D = check_qkv(q, k, v)
+    complex_form = any(isinstance(x, torch.Tensor) and x.is_complex() for x in (lam, beta, C))
+    if complex_form:
+        M = check_params(lam, beta, C, H, readout or "conj", (B, T))
+    else:
+        if readout is not None:
+            raise ValueError(
+                f"readout: real-form parameters carry the readout in Ĝ (readout_gram); pass "
+                f"readout only with complex C, got {readout!r}"
+            )
+        M = check_real_params(lam, beta, C, H, lead=(B, T), names=("lam", "beta", "C"))
+    cu = None
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"q: expected a packed batch of 1 row with cu_seqlens, got B={B}")
+        if reset is not None:
+            raise ValueError("reset: cu_seqlens already marks the sequence starts; pass one")
+        cu = check_cu_seqlens(cu_seqlens, T)
+    N = B if cu is None else len(cu) - 1
+    if initial_state is not None and complex_form:
+        check_state(initial_state, N, H, M, R, D, "initial_state")
+    elif initial_state is not None:
+        check_real_state(initial_state, "initial_state", (N, H, R + D, 2 * M))
+    check_chunk_size(chunk_size)
+    check_reset(reset, B, T)
+    check_backend(backend, q)
+    if impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    check_precision(precision)
+    if impl != "chunked" and precision not in ("auto", "ieee"):
+        raise ValueError(f"precision: {precision!r} applies to impl='chunked' only, got {impl!r}")
+    tensors = {"lam": lam, "beta": beta, "C": C, "initial_state": initial_state, "reset": reset}
+    check_devices("q", q, **tensors)
+    if impl == "chunked":
+        check_transforms(
+            "interdomain_attention", CHUNKED_PATH, PLAIN_IMPLS, q, k, v, lam, beta, C,
+            initial_state,
+        )  # fmt: skip
+    warn_if_unstable("lam", lam)
+    return Call(complex_form, B, T, H, R, D, M, cu)
