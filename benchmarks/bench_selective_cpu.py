@@ -3,10 +3,11 @@
     python benchmarks/bench_selective_cpu.py            # T = 4K, 8K, 16K
     python benchmarks/bench_selective_cpu.py --quick    # T = 1K, 2K
 
-Rows: forward+backward of the core op (``interdomain_attention``, real form) with (H, M) decays and
-with (B, T, H, M) decays, and the layers' decode step (``interdomain_decode_step``, in place on the real state) with
-shared and per-row decays. Targets (issue: selective decay): per-token fwd+bwd ≤ 1.5× shared
-at 4K–16K; selective decode step ≤ 1.2× shared. Shapes: B=1, H=8, R=D=M=64, fp32.
+Rows: forward+backward of the core op (``interdomain_attention``, real form) with (H, M)
+decays and with (B, T, H, M) decays, and the layers' decode step (``interdomain_decode_step``,
+in place on the real state) with shared and per-row decays. Targets (issue: selective
+decay): per-token fwd+bwd ≤ 1.5× shared at 4K–16K; selective decode step ≤ 1.2× shared.
+Shapes: B=1, H=8, R=D=M=64, fp32.
 """
 
 from __future__ import annotations
