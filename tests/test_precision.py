@@ -134,7 +134,7 @@ def test_the_layer_passes_its_precision_to_the_op(monkeypatch):
         seen.append(kwargs.get("precision"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(readouts.QueryReadout, "attention", staticmethod(spy))  # the op it calls
+    monkeypatch.setattr(readouts, "whole_sequence", spy)  # the op the readout calls
     layer = InterdomainAttention(32, 2, num_modes=8, precision="bf16")
     layer(torch.randn(1, 20, 32))
     assert seen == ["bf16"]

@@ -148,7 +148,7 @@ class SSMMixer(CachedMixer):
         convs = (None, None, None) if cache is None else (cache.conv_q, cache.conv_a, cache.conv_b)
         (q, a, b), (cq, ca, cb) = self._inputs(x, pos, reset, convs)
         init = None if cache is None else cache.state
-        o, state = self.readout(q, a, b, self.core, init, reset)
+        o, state = self.readout(q, a, b, self.core, init, reset, self.context_parallel)
         if cache is not None:
             self._store(cache, state, cq, ca, cb)
         return self._output(x, o)

@@ -3,13 +3,14 @@ the linear (S4D-only) readout. Both take the two normalised input halves a (keys
 (values), the S4D core and the state in the one runtime form, (B, G, 2d_h, 2M) interleaved
 real (``idmix.functional.state_to_interleaved``), and return per-head outputs.
 
-    forward(q, a, b, core, state, reset) -> (o (B, T, H, d_h), final state)
+    forward(q, a, b, core, state, reset, context_parallel) -> (o (B, T, H, d_h), final state)
     step(q, a, b, core, state) -> o (B, H, d_h), the state advanced in place
 
 q: (B, T, H, d_h) (None for a readout without a query); a, b: (B, T, G, d_h); state: None or
-the initial state; reset: (B, T) bool document starts or None. ``c_degree``: the degree of the
-output in C (the calibration at init takes that root of the scale). ``from_args(SSMArgs)``
-builds a readout for ``ssm_mixer``.
+the initial state; reset: (B, T) bool document starts or None; context_parallel: None, or the
+``idmix.parallel.ContextParallel`` the sequence is split over (query readouts only).
+``c_degree``: the degree of the output in C (the calibration at init takes that root of the
+scale). ``from_args(SSMArgs)`` builds a readout for ``ssm_mixer``.
 """
 
 from __future__ import annotations
@@ -48,8 +49,6 @@ class QueryReadout(nn.Module):
 
     c_degree = 2  # the output depends on C through CᴴC
     needs_query = True
-    # the chunked op; ``idmix.parallel.enable_context_parallel`` sets its split-sequence form
-    attention = staticmethod(whole_sequence)
 
     def __init__(
         self,
@@ -87,12 +86,18 @@ class QueryReadout(nn.Module):
             args.precision,
         )
 
-    def forward(self, q, a, b, core, state=None, reset=None):
+    @staticmethod
+    def op(context_parallel):
+        """The chunked op: on this rank's slice of a split sequence, or on the whole one."""
+        return whole_sequence if context_parallel is None else context_parallel.op()
+
+    def forward(self, q, a, b, core, state=None, reset=None, context_parallel=None):
         lam_ri, beta_ri = core.discretized_real()
         G_hat = core.gram(self.convention)
         r = self.num_heads // self.num_state_groups
+        attention = self.op(context_parallel)
         if r == 1:
-            return self.attention(
+            return attention(
                 q,
                 a,
                 b,
@@ -113,7 +118,7 @@ class QueryReadout(nn.Module):
             return x.unsqueeze(1).expand(B, r, *x.shape[1:]).flatten(0, 1)
 
         q_r = q.unflatten(2, (G, r)).permute(0, 3, 1, 2, 4).flatten(0, 1)  # (B·r, T, G, d_h)
-        o, final = self.attention(
+        o, final = attention(
             q_r,
             replicate(a),
             replicate(b),
@@ -184,7 +189,9 @@ class LinearReadout(nn.Module):
     def prepare_decoding(self, core) -> None:
         """Nothing to snapshot: the step reads λ, β and C directly."""
 
-    def forward(self, q, a, b, core, state=None, reset=None):
+    def forward(self, q, a, b, core, state=None, reset=None, context_parallel=None):
+        if context_parallel is not None:
+            raise ValueError("context_parallel: the linear readout has no context-parallel form")
         lam, beta, C = core.discretized()
         d_h = a.shape[-1]
         z = torch.cat([a, b], dim=-1)

@@ -54,9 +54,9 @@ class PerTokenDecayReadout(QueryReadout):
             raise ValueError("num_state_groups: the selective layer keeps one state per head")
         return args
 
-    def forward(self, q, a, b, core, state=None, reset=None):
+    def forward(self, q, a, b, core, state=None, reset=None, context_parallel=None):
         lam_ri, beta_ri = self.decays(a, b, core)
-        return self.attention(
+        return self.op(context_parallel)(
             q,
             a,
             b,

@@ -87,7 +87,8 @@ class ContextParallel:
         return torch.arange(start, start + T, device=device).expand(B, T)
 
     def op(self):
-        """The chunked interdomain op over this group (the readouts' drop-in)."""
+        """The chunked interdomain op over this group (what a query readout runs when its mixer
+        has a ContextParallel)."""
         return partial(interdomain_attention_context_parallel, group=self.group, gather=self.gather)
 
     def conv_halo(self, h: torch.Tensor, reset, weight: torch.Tensor) -> torch.Tensor:
@@ -118,7 +119,10 @@ class ContextParallel:
 def enable_context_parallel(model: nn.Module, group=None) -> ContextParallel:
     """Make each layer of ``model`` (an idmix decoder) run on this rank's slice of the sequence:
     interdomain and selective interdomain layers (query readouts), softmax layers; any other
-    mixer is refused naming it. Returns the ContextParallel the layers share."""
+    mixer is refused naming it. Each such mixer gets the ContextParallel as data
+    (``mixer.context_parallel``), which it hands to its parts in forward: its branches (conv
+    halos), positions, and its readout, which then runs the op's split-sequence form
+    (``QueryReadout.op``). Returns the ContextParallel the layers share."""
     from ..modules import QueryReadout, SoftmaxAttention, SSMMixer
 
     cp = ContextParallel(group)
@@ -127,7 +131,6 @@ def enable_context_parallel(model: nn.Module, group=None) -> ContextParallel:
         mixer = layer.attn
         if isinstance(mixer, SSMMixer) and isinstance(mixer.readout, QueryReadout):
             mixer.context_parallel = cp
-            mixer.readout.attention = cp.op()
         elif isinstance(mixer, SoftmaxAttention):
             mixer.context_parallel = cp
         else:
