@@ -1,6 +1,8 @@
-"""Adversarial input against the public API beyond the core op's shapes (tests/test_validation.py):
-mixed devices, zero sizes, the decode steps, unstable decays, layers, token ids, generation and
-backends. Each case asserts the error type and that the message names the argument."""
+"""Bad input against the public API, in one table: the core op's arguments one by one, mixed
+devices, zero sizes, the decode steps and their dtypes, complex states given to the real form,
+backends; then unstable decays, layers, decoding caches, token ids, generation, the short convs
+and the other primitives. Each case asserts the error type and that the message names the
+argument. (Autograd transforms the chunked path refuses: tests/test_autograd_transforms.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +11,15 @@ import os
 import pytest
 import torch
 
-from idmix.functional import interdomain_attention, interdomain_decode_step, readout_gram
+from idmix.functional import (
+    discretize,
+    interdomain_attention,
+    interdomain_decode_step,
+    readout_gram,
+    short_conv,
+    short_conv_step,
+    short_conv_with_resets,
+)
 from idmix.functional.interdomain import empty_state
 from idmix.generation import generate
 from idmix.modules import InterdomainAttention, S4DMixer, SoftmaxAttention
@@ -37,7 +47,7 @@ def core(p, **over):
         a["beta"],
         a["C"],
         initial_state=a.get("initial_state"),
-        **{k: v for k, v in over.items() if k in ("reset", "backend")},
+        **{k: v for k, v in over.items() if k in ("reset", "backend", "readout", "chunk_size", "impl")},
     )[0]  # fmt: skip
 
 
@@ -102,6 +112,12 @@ def varlen(p, **over):
     )[0]  # fmt: skip
 
 
+RESET = r"reset: expected a bool tensor of shape \(B, T\) = \(2, 5\) or None, got"
+REAL_STATE = r"initial_state: expected the interleaved real state, a real floating tensor"
+COMPLEX_Z0 = torch.zeros(2, 2, 7, 6, dtype=torch.complex64)
+MIXED = r"q, k, v: expected one dtype, got torch.float64, torch.float32, torch.float16"
+STATE_DTYPE = r"state: expected a decode state in one of \('torch.float32', 'torch.float64'\)"
+
 CASES = {
     # mixed devices: named, with both devices
     "core lam on meta": (lambda p: core(p, lam=meta(p["lam"])), ValueError, r"lam: expected a tensor on cpu .*got one on meta"),
@@ -141,6 +157,42 @@ CASES = {
     "real bad backend": (lambda p: real(p, backend=None), ValueError, r"backend: expected one of"),
     "layer bad backend": (lambda p: InterdomainAttention(8, 2, backend="cuda"), ValueError, r"backend: expected one of"),
     "linear readout backend": (lambda p: S4DMixer(8, 2, backend="inductor"), ValueError, r"backend: the linear readout runs on PyTorch only"),
+    # the core op's arguments, one by one
+    "core 3-dim q": (lambda p: core(p, q=p["q"][0]), ValueError, r"q: expected 4 dims \(B, T, H, R\)"),
+    "core k of other R": (lambda p: core(p, k=p["k"][..., :2]), ValueError, r"k: expected the shape of q"),
+    "core v of other T": (lambda p: core(p, v=p["v"][:, :4]), ValueError, r"v: expected \(B, T, H, D\)"),
+    "core mixed dtypes": (lambda p: core(p, q=p["q"].double()), TypeError, r"q, k, v: expected one dtype"),
+    "core int q": (lambda p: core(p, q=p["q"].long()), TypeError, r"q: expected a real floating tensor"),
+    "core T = 0": (lambda p: core(p, q=p["q"][:, :0], k=p["k"][:, :0], v=p["v"][:, :0]), ValueError, r"T >= 1"),
+    "core real lam": (lambda p: core(p, lam=p["lam"].real), TypeError, r"lam: expected a complex tensor"),
+    "core lam of other H": (lambda p: core(p, lam=p["lam"][:1]), ValueError, r"lam: expected shape \(H, M\)"),
+    "core beta of other M": (lambda p: core(p, beta=p["beta"][:, :2]), ValueError, r"beta: expected shape \(H, M\)"),
+    "core C of other M": (lambda p: core(p, C=p["C"][:, :2]), ValueError, r"C: expected shape \(H, M, M\)"),
+    "core state not a tuple": (lambda p: core(p, initial_state=p["initial_state"][0]), TypeError, r"initial_state: expected a tuple"),
+    "core Xk of other B": (lambda p: core(p, initial_state=(p["initial_state"][0][:1], p["initial_state"][1])), ValueError, r"initial_state\[0\] \(Xk\): expected shape \(B, H, M, R\)"),
+    "core real Xv": (lambda p: core(p, initial_state=(p["initial_state"][0], p["initial_state"][1].real)), TypeError, r"initial_state\[1\] \(Xv\): expected a complex tensor"),
+    "core chunk_size 48": (lambda p: core(p, chunk_size=48), ValueError, r"chunk_size: expected a positive power of two"),
+    "core chunk_size 0": (lambda p: core(p, chunk_size=0), ValueError, r"chunk_size"),
+    "core chunk_size True": (lambda p: core(p, chunk_size=True), ValueError, r"chunk_size"),
+    "core bad readout": (lambda p: core(p, readout="hermitian"), ValueError, r"readout: expected one of"),
+    "core bad impl": (lambda p: core(p, impl="fast"), ValueError, r"impl: expected one of"),
+    "core reset of other T": (lambda p: core(p, reset=torch.zeros(2, 4, dtype=torch.bool)), ValueError, r"reset: expected a bool tensor of shape \(B, T\) = \(2, 5\)"),
+    "core float reset": (lambda p: core(p, reset=torch.zeros(2, 5)), ValueError, r"reset: expected a bool tensor"),
+    # reset that is not a tensor (was: AttributeError 'list' object has no attribute 'dtype')
+    "core reset list": (lambda p: core(p, reset=[[False] * 5] * 2), TypeError, RESET + r" list"),
+    "core reset ndarray": (lambda p: core(p, reset=torch.zeros(2, 5, dtype=torch.bool).numpy()), TypeError, RESET + r" ndarray"),
+    "real reset list": (lambda p: real(p, reset=[[False] * 5] * 2), TypeError, RESET + r" list"),
+    # a complex initial state given to the real form (was: its imaginary part dropped)
+    "real complex initial_state": (lambda p: real(p, Z0=COMPLEX_Z0), TypeError, REAL_STATE + r".*got torch.complex64"),
+    "real list initial_state": (lambda p: real(p, Z0=[0.0]), TypeError, REAL_STATE + r".*got list"),
+    "varlen_real complex initial_state": (lambda p: interdomain_attention(p["q"][:1], p["k"][:1], p["v"][:1], *real_args(p), cu_seqlens=torch.tensor([0, 2, T]), initial_state=COMPLEX_Z0), TypeError, REAL_STATE),
+    # the decode steps: one dtype for q, k, v; an fp32/fp64 state (was: accepted, or
+    # view_as_complex failing on bf16)
+    "step mixed dtypes": (lambda p: step(p, q=p["q"][:, 0].double(), v=p["v"][:, 0].half()), TypeError, MIXED),
+    "step_real mixed dtypes": (lambda p: step_real(p, q=p["q"][:, 0].double(), v=p["v"][:, 0].half()), TypeError, MIXED),
+    "step_real bf16 state": (lambda p: step_real(p, state=torch.zeros(2, 2, 7, 6, dtype=torch.bfloat16)), TypeError, STATE_DTYPE + r".*got torch.bfloat16"),
+    "step_real fp16 state": (lambda p: step_real(p, state=torch.zeros(2, 2, 7, 6, dtype=torch.float16)), TypeError, STATE_DTYPE + r".*got torch.float16"),
+    "step complex32 state": (lambda p: step(p, state=tuple(x.to(torch.complex32) for x in empty_state(2, 2, 3, 3, 4))), TypeError, r"state\[0\]: expected a decode state in one of \('torch.complex64', 'torch.complex128'\)"),
 }  # fmt: skip
 
 
@@ -243,3 +295,130 @@ def test_generate_names_bad_arguments(prompts, kwargs, exc, pattern):
     model, _ = tiny_model("interdomain")
     with pytest.raises(exc, match=pattern):
         generate(model, prompts, kwargs.pop("max_new_tokens", 2), **kwargs)
+
+
+def test_bf16_inputs_with_an_fp32_state_still_decode(p):
+    """The state contract is on the state: q, k, v of one lower precision are fine."""
+    lo = {n: p[n][:, 0].bfloat16() for n in ("q", "k", "v")}
+    o = step_real(p, **lo)
+    assert o.dtype == torch.bfloat16 and torch.isfinite(o).all()
+
+
+# Decoding against the cache: batch size, and the softmax cache's length
+
+
+@pytest.fixture(params=["ssm", "softmax"])
+def layer(request):
+    torch.manual_seed(0)
+    if request.param == "ssm":
+        mixer = InterdomainAttention(16, 2, num_modes=4)
+    else:
+        mixer = SoftmaxAttention(16, 2)
+    mixer.setup_cache(2, torch.float32, 4)
+    return mixer
+
+
+@pytest.mark.parametrize("rows, T_in", [(3, 1), (1, 1), (3, 3)])
+def test_decoding_a_batch_the_cache_does_not_hold_is_named(layer, rows, T_in):
+    """Was: torch.cat / index_copy_ size errors, or the short conv's cache shape."""
+    pattern = rf"x: batch size {rows} does not match the decoding cache's batch size 2"
+    with pytest.raises(ValueError, match=pattern):
+        layer(torch.randn(rows, T_in, 16))
+
+
+def test_softmax_decoding_past_its_cache_length_is_named():
+    """Was: IndexError from index_copy_ (a device assert on CUDA). Filling it exactly is fine;
+    the recurrent cache has no length, so the SSM mixer decodes on."""
+    torch.manual_seed(0)
+    attn = SoftmaxAttention(16, 2)
+    attn.setup_cache(2, torch.float32, 4)
+    attn(torch.randn(2, 3, 16))
+    attn(torch.randn(2, 1, 16))  # 4 of 4
+    with pytest.raises(ValueError, match=r"x: 1 more position\(s\) would go past the KV cache's max_seq_len = 4 \(4 filled\)"):  # fmt: skip
+        attn(torch.randn(2, 1, 16))
+    attn.reset_cache()
+    with pytest.raises(ValueError, match=r"x: 6 positions do not fit the KV cache's max_seq_len = 4"):  # fmt: skip
+        attn(torch.randn(2, 6, 16))
+
+
+# The short-conv step and reset variants check what the full short conv checks
+
+C_, W_ = 3, 4
+
+
+def _full(x, w, b, cache):
+    return short_conv(x, w, b, cache)
+
+
+def _resets(x, w, b, cache):
+    return short_conv_with_resets(x, w, b, torch.zeros(*x.shape[:2], dtype=torch.bool), cache)
+
+
+def _step_conv(x, w, b, cache):
+    return short_conv_step(x[:, 0], w, b, cache)
+
+
+CONV_ENTRIES = {
+    "short_conv": _full,
+    "short_conv_with_resets": _resets,
+    "short_conv_step": _step_conv,
+}
+GOOD = dict(
+    x=torch.randn(2, 5, C_),
+    w=torch.randn(C_, W_),
+    b=torch.randn(C_),
+    cache=torch.randn(2, W_ - 1, C_),
+)
+CONV_CASES = {
+    "x wrong rank": (dict(x=torch.randn(2, 5, 1, C_)), ValueError, r"x(_t)?: expected \(B, (T, )?C\), got shape"),
+    "weight 1-d": (dict(w=torch.randn(C_)), ValueError, r"weight: expected \(C, W\), got shape \(3,\)"),
+    "channels": (dict(w=torch.randn(C_ + 1, W_), b=None), ValueError, r"x(_t)?: last dim 3 does not match weight channels 4"),
+    "bias shape": (dict(b=torch.randn(C_ + 1)), ValueError, r"bias: expected \(3,\), got \(4,\)"),
+    "cache window": (dict(cache=torch.randn(2, W_ - 2, C_)), ValueError, r"cache: expected \(2, 3, 3\) = \(B, W-1, C\), got \(2, 2, 3\)"),
+    "cache batch": (dict(cache=torch.randn(1, W_ - 1, C_)), ValueError, r"cache: expected \(2, 3, 3\) = \(B, W-1, C\), got \(1, 3, 3\)"),
+    "cache not a tensor": (dict(cache=[0.0]), TypeError, r"cache: expected a \(2, 3, 3\) tensor, got list"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+@pytest.mark.parametrize("entry", CONV_ENTRIES)
+def test_short_conv_entries_share_their_checks(entry, case):
+    """Was: the step and reset variants skipped these (raw size errors deep inside)."""
+    over, exc, pattern = CONV_CASES[case]
+    a = {**GOOD, **over}  # the step takes x[:, 0]: (B, C), or 3 dims for "x wrong rank"
+    with pytest.raises(exc, match=pattern):
+        CONV_ENTRIES[entry](a["x"], a["w"], a["b"], a["cache"])
+
+
+@pytest.mark.parametrize(
+    "reset, exc, pattern",
+    [
+        ([[False] * 5] * 2, TypeError, r"reset: expected a bool tensor of shape \(B, T\) = \(2, 5\) or None, got list"),
+        (torch.zeros(2, 5), ValueError, r"reset: expected a bool tensor of shape \(B, T\) = \(2, 5\), got torch.float32"),
+        (torch.zeros(2, 4, dtype=torch.bool), ValueError, r"reset: expected a bool tensor of shape \(B, T\) = \(2, 5\)"),
+        (None, TypeError, r"reset: expected a bool tensor of shape \(B, T\) = \(2, 5\), got None"),
+    ],
+)  # fmt: skip
+def test_short_conv_with_resets_names_a_bad_reset(reset, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        short_conv_with_resets(GOOD["x"], GOOD["w"], GOOD["b"], reset, GOOD["cache"])
+
+
+def test_short_conv_step_without_a_cache_is_named():
+    with pytest.raises(TypeError, match=r"cache: expected the \(B, W-1, C\) history"):
+        short_conv_step(GOOD["x"][:, 0], GOOD["w"], GOOD["b"], None)
+
+
+def test_primitive_errors():
+    with pytest.raises(ValueError, match=r"x: expected \(B, T, C\)"):
+        short_conv(torch.randn(4, 3), torch.randn(3, 4))
+    with pytest.raises(ValueError, match=r"cache: expected \(2, 3, 3\)"):
+        short_conv(torch.randn(2, 5, 3), torch.randn(3, 4), cache=torch.randn(2, 2, 3))
+    with pytest.raises(ValueError, match=r"x: last dim 3 does not match weight channels 5"):
+        short_conv(torch.randn(2, 5, 3), torch.randn(5, 4))
+    with pytest.raises(TypeError, match=r"A: expected a complex tensor"):
+        discretize(torch.ones(2), torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"method: expected 'zoh' or 'bilinear'"):
+        discretize(torch.ones(2), torch.ones(2, 3, dtype=torch.complex64), "euler")
+    with pytest.raises(ValueError, match=r"C: expected \(H, M, M\)"):
+        readout_gram(torch.ones(2, 3, 4, dtype=torch.complex64))
