@@ -1,10 +1,6 @@
-# ruff: noqa: E501
-# (parametrised tables of cases read best one case per line, as in tests/test_bad_inputs.py)
-"""Input the op- and module-level API must refuse by name, or handle correctly: autograd
-transforms on each implementation (correct against the naive reference or finite differences,
-else a named NotImplementedError, never a silent zero), a non-tensor reset, a complex state
-given to the real op, mixed dtypes and low-precision states in the decode steps, a decoding
-batch or length the cache does not hold, and the short-conv step and reset variants."""
+"""Autograd transforms on each implementation of the op: correct against the naive reference or
+finite differences, else (the chunked path: jvp, forward-mode AD, vmap, grad, double backward)
+a named NotImplementedError, never a silent zero. Bad arguments: tests/test_bad_inputs.py."""
 
 from __future__ import annotations
 
