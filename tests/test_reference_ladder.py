@@ -261,3 +261,43 @@ def test_the_real_form_entry_runs_every_impl(decays):
         assert_rel(Z, Z_ref, TOL_FP64, f"{impl} state")
     with pytest.raises(ValueError, match="impl: expected one of"):
         interdomain_attention(*args, impl="fast")
+
+
+def test_the_impl_names_are_the_implementations():
+    """validation.IMPLS (what the check and the docs list) names exactly the impl table."""
+    from idmix.functional import IMPLS
+    from idmix.functional.interdomain import api
+
+    assert tuple(api.IMPLEMENTATIONS) == IMPLS
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_real_decode_step_in_place_or_not(grad):
+    """The real-form step: inplace=True advances the given state; inplace=False leaves it and
+    returns the same new state, and with autograd recording, gradients flow through a
+    sequence of steps (checked against finite differences in fp64)."""
+    from idmix.functional import interdomain_decode_step, readout_gram
+    from idmix.functional.interdomain import state_to_interleaved
+
+    p = make_problem(B=2, T=3, H=2, R=3, D=4, M=3)
+    lam, beta = (torch.view_as_real(p[n]) for n in ("lam", "beta"))
+    G = readout_gram(p["C"])
+    Z0 = state_to_interleaved(*p["initial_state"]).contiguous()
+    step = [p[n][:, 0] for n in ("q", "k", "v")]
+    kept = Z0.clone()
+    o, new = interdomain_decode_step(*step, lam, beta, G, kept)
+    assert torch.equal(kept, Z0), "inplace=False changed the given state"
+    advanced = Z0.clone()
+    o2, same = interdomain_decode_step(*step, lam, beta, G, advanced, inplace=True)
+    assert same is advanced
+    assert_rel(o, o2, 1e-14, "o")
+    assert_rel(new, advanced, 1e-14, "state")
+    if grad:
+
+        def two_steps(q, Z):
+            o1, Z1 = interdomain_decode_step(q, step[1], step[2], lam, beta, G, Z)
+            o2, Z2 = interdomain_decode_step(q, step[1], step[2], lam, beta, G, Z1)
+            return o1 + o2, Z2
+
+        leaves = (step[0].clone().requires_grad_(), Z0.clone().requires_grad_())
+        assert torch.autograd.gradcheck(two_steps, leaves)

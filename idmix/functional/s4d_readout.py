@@ -32,7 +32,7 @@ def s4d_linear_readout(
 
     Returns y: (B, T, H, Cz) real (z's dtype), or (y, final_state (B, H, M, Cz) complex).
     Computes in fp32 (fp64 for fp64 z), whatever the ambient autocast. A non-finite z reaches
-    only its head's later positions in its document (``interdomain.nonfinite``): the FFT and
+    only its head's later positions in its document (``interdomain.numerics``): the FFT and
     the chunk products would otherwise spread it to every position.
     """
     B, T, H, Cz = z.shape

@@ -1,4 +1,4 @@
-"""Single-token decode step (docs/design.md §4): O(M(R+D) + M²) per head.
+"""Single-token decode step (docs/design.md §5): O(M(R+D) + M²) per head.
 
 One entry, ``interdomain_decode_step``, for both forms of the op's parameters and state. The
 runtime form is the real one: the interleaved real state (B, H, R+D, 2M) the layers keep,
@@ -13,16 +13,60 @@ import torch
 from .driver import takes_triton
 from .layout import as_complex, interleaved_to_state, state_to_interleaved
 from .validation import (
-    DECODE_COMPLEX_STATE_DTYPES,
-    DECODE_STATE_DTYPES,
     State,
-    check_decays_and_gram,
-    check_decode_inputs,
-    check_decode_state_dtype,
+    check_complex,
     check_devices,
+    check_real_float,
     check_real_params,
     check_state,
 )
+
+DECODE_STATE_DTYPES = (torch.float32, torch.float64)
+DECODE_COMPLEX_STATE_DTYPES = (torch.complex64, torch.complex128)
+
+
+def check_decode_state_dtype(name: str, dtype: torch.dtype, allowed: tuple) -> None:
+    """A decode state in fp32/fp64 (complex64/complex128 for the complex API): a bf16 or fp16
+    state would carry the recurrence in that precision, token after token."""
+    if dtype not in allowed:
+        raise TypeError(
+            f"{name}: expected a decode state in one of {tuple(map(str, allowed))} (the step "
+            f"accumulates in the state's dtype; q, k, v may be lower precision), got {dtype}"
+        )
+
+
+def check_decays_and_gram(lam, beta, G_hat, H: int, M: int, B: int | None = None) -> None:
+    """The decode step's lam, beta: (H, M) complex (or per row (B, H, M) when B is given) and
+    G_hat: (H, 2M, 2M) real."""
+    per_row = B is not None and isinstance(lam, torch.Tensor) and lam.dim() == 3
+    shape, text = ((B, H, M), "(B, H, M)") if per_row else ((H, M), "(H, M)")
+    check_complex("lam", lam, shape, text)
+    check_complex("beta", beta, shape, text)
+    check_real_float("G_hat", G_hat)
+    if tuple(G_hat.shape) != (H, 2 * M, 2 * M):
+        raise ValueError(
+            f"G_hat: expected (H, 2M, 2M) = {(H, 2 * M, 2 * M)}, got {tuple(G_hat.shape)}"
+        )
+
+
+def check_decode_inputs(q, k, v, B: int, H: int, R: int, D: int) -> None:
+    """One decode step's q: (B, H, R) or (B, H, r, R), k: (B, H, R), v: (B, H, D), real
+    floating, given the state's sizes."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_real_float(name, x)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if tuple(k.shape) != (B, H, R):
+        raise ValueError(f"k: expected (B, H, R) = {(B, H, R)} (the state's), got {tuple(k.shape)}")
+    if tuple(v.shape) != (B, H, D):
+        raise ValueError(f"v: expected (B, H, D) = {(B, H, D)} (the state's), got {tuple(v.shape)}")
+    grouped = q.dim() == 4 and q.shape[2] >= 1
+    if not (tuple(q.shape) == (B, H, R) or (grouped and q.shape[:2] == (B, H) and q.shape[3] == R)):
+        raise ValueError(
+            f"q: expected (B, H, R) = {(B, H, R)} or (B, H, r, R) for r query heads per state "
+            f"head, got {tuple(q.shape)}"
+        )
+    check_devices("q", q, k=k, v=v)
 
 
 def empty_state(B, H, M, R, D, dtype=torch.complex64, device=None) -> State:
@@ -60,8 +104,9 @@ def interdomain_decode_step(
     - real: state (B, H, R+D, 2M) fp32 or fp64, contiguous (the op's and the layers' runtime
       form); lam, beta (H, M, 2) or (B, H, M, 2) [re, im]. No complex tensor anywhere, so the
       torch path compiles whole with Inductor.
-    inplace: update the given state (and return it); otherwise a new state is returned and
-    gradients flow through a sequence of steps.
+    inplace: update the given state (and return it); otherwise a new state is returned, and
+    gradients flow through a sequence of steps (on the torch path, which "auto" then takes
+    whenever autograd records).
     Returns (o: (B, H, D), or (B, H, r, D), in q's dtype; the new state, in the given form).
 
     Steps: X ← λ⊙X + β⊗z; p = Xᵏ q; w̃ = Ĝ p̂ (p̂, w̃: p, w in interleaved real form);
@@ -130,7 +175,8 @@ def _real_step(q, k, v, lam_ri, beta_ri, G_hat, state, inplace: bool, backend: s
     check_decode_inputs(q, k, v, B, H, R, state.shape[2] - R)
     check_devices("q", q, lam=lam_ri, beta=beta_ri, G_hat=G_hat, state=state)
     shared = lam_ri.dim() == 3
-    if _takes_kernel(backend, q, shared):
+    eager = _eager_without_grad(q, k, v, lam_ri, beta_ri, G_hat, state)
+    if _takes_kernel(backend, q, shared) and (inplace or eager or backend == "triton"):
         if q.dim() != 3:
             raise ValueError(f"q: the triton decode step takes (B, H, R), got {tuple(q.shape)}")
         if not shared:
@@ -140,7 +186,8 @@ def _real_step(q, k, v, lam_ri, beta_ri, G_hat, state, inplace: bool, backend: s
         state = state if inplace else state.clone()
         o = idmix_kernels.decode_step_triton(q, k, v, lam_ri, beta_ri, G_hat, state)
         return o.to(q.dtype), state
-    if inplace and _eager_without_grad(q, k, v, lam_ri, beta_ri, G_hat, state):
+    if eager:
+        state = state if inplace else state.clone()
         return _eager_step_(q, k, v, lam_ri, beta_ri, G_hat, state), state
     o, new = torch_step(q, k, v, lam_ri, beta_ri, G_hat, state)
     if not inplace:  # functional, so that gradients flow through a sequence of steps

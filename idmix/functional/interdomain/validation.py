@@ -19,14 +19,14 @@ State = tuple[torch.Tensor, torch.Tensor]
 BACKENDS = ("auto", "torch", "triton", "inductor")
 
 
-def _real_float(name: str, x: torch.Tensor) -> None:
+def check_real_float(name: str, x: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"{name}: expected a real floating tensor, got {x.dtype}")
 
 
-def _complex(name: str, x: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
+def check_complex(name: str, x: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if not x.is_complex():
@@ -59,34 +59,20 @@ def check_params(lam, beta, C, H: int, readout: str, BT: tuple[int, int] | None 
     if M < 1:
         raise ValueError(f"lam: expected at least one mode (M >= 1), got shape {tuple(lam.shape)}")
     shape, text = ((H, M), "(H, M)") if lam.dim() == 2 else ((*BT, H, M), "(B, T, H, M)")
-    _complex("lam", lam, shape, text)
-    _complex("beta", beta, shape, text)
-    _complex("C", C, (H, M, M), "(H, M, M)")
+    check_complex("lam", lam, shape, text)
+    check_complex("beta", beta, shape, text)
+    check_complex("C", C, (H, M, M), "(H, M, M)")
     if readout not in READOUTS:
         raise ValueError(f"readout: expected one of {READOUTS}, got {readout!r}")
     return M
-
-
-def check_decays_and_gram(lam, beta, G_hat, H: int, M: int, B: int | None = None) -> None:
-    """The decode step's lam, beta: (H, M) complex (or per row (B, H, M) when B is given) and
-    G_hat: (H, 2M, 2M) real."""
-    per_row = B is not None and isinstance(lam, torch.Tensor) and lam.dim() == 3
-    shape, text = ((B, H, M), "(B, H, M)") if per_row else ((H, M), "(H, M)")
-    _complex("lam", lam, shape, text)
-    _complex("beta", beta, shape, text)
-    _real_float("G_hat", G_hat)
-    if tuple(G_hat.shape) != (H, 2 * M, 2 * M):
-        raise ValueError(
-            f"G_hat: expected (H, 2M, 2M) = {(H, 2 * M, 2 * M)}, got {tuple(G_hat.shape)}"
-        )
 
 
 def check_state(state, B: int, H: int, M: int, R: int, D: int, name: str) -> None:
     """state = (Xk: (B, H, M, R) complex, Xv: (B, H, M, D) complex)."""
     if not isinstance(state, (tuple, list)) or len(state) != 2:
         raise TypeError(f"{name}: expected a tuple (Xk, Xv), got {type(state).__name__}")
-    _complex(f"{name}[0] (Xk)", state[0], (B, H, M, R), "(B, H, M, R)")
-    _complex(f"{name}[1] (Xv)", state[1], (B, H, M, D), "(B, H, M, D)")
+    check_complex(f"{name}[0] (Xk)", state[0], (B, H, M, R), "(B, H, M, R)")
+    check_complex(f"{name}[1] (Xv)", state[1], (B, H, M, D), "(B, H, M, D)")
 
 
 def check_real_state(state, name: str, shape: tuple[int, ...] | None = None) -> None:
@@ -105,7 +91,7 @@ def check_real_state(state, name: str, shape: tuple[int, ...] | None = None) -> 
 def check_qkv(q, k, v) -> tuple[int, int, int, int, int]:
     """q, k: (B, T, H, R), v: (B, T, H, D), one real dtype, T >= 1. Returns (B, T, H, R, D)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
-        _real_float(name, x)
+        check_real_float(name, x)
         if x.dim() != 4:
             raise ValueError(
                 f"{name}: expected 4 dims (B, T, H, {'D' if name == 'v' else 'R'}), "
@@ -180,7 +166,7 @@ def check_real_params(
     Returns M."""
     n_lam, n_beta, n_G = names
     for name, x in zip(names, (lam_ri, beta_ri, G_hat), strict=True):
-        _real_float(name, x)
+        check_real_float(name, x)
     shared = lam_ri.dim() == 3
     ok = lam_ri.shape[-3:-2] == (H,) and lam_ri.shape[-1] == 2
     if not shared:
@@ -200,42 +186,8 @@ def check_real_params(
     return M
 
 
-def check_decode_inputs(q, k, v, B: int, H: int, R: int, D: int) -> None:
-    """One decode step's q: (B, H, R) or (B, H, r, R), k: (B, H, R), v: (B, H, D), real
-    floating, given the state's sizes."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _real_float(name, x)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if tuple(k.shape) != (B, H, R):
-        raise ValueError(f"k: expected (B, H, R) = {(B, H, R)} (the state's), got {tuple(k.shape)}")
-    if tuple(v.shape) != (B, H, D):
-        raise ValueError(f"v: expected (B, H, D) = {(B, H, D)} (the state's), got {tuple(v.shape)}")
-    grouped = q.dim() == 4 and q.shape[2] >= 1
-    if not (tuple(q.shape) == (B, H, R) or (grouped and q.shape[:2] == (B, H) and q.shape[3] == R)):
-        raise ValueError(
-            f"q: expected (B, H, R) = {(B, H, R)} or (B, H, r, R) for r query heads per state "
-            f"head, got {tuple(q.shape)}"
-        )
-    check_devices("q", q, k=k, v=v)
-
-
 # The dtypes a decode state may have: the step accumulates in the state's own dtype, and the
 # states of the ops (their final states, the layers' caches) are fp32, or fp64 for fp64 inputs.
-DECODE_STATE_DTYPES = (torch.float32, torch.float64)
-DECODE_COMPLEX_STATE_DTYPES = (torch.complex64, torch.complex128)
-
-
-def check_decode_state_dtype(name: str, dtype: torch.dtype, allowed: tuple) -> None:
-    """A decode state in fp32/fp64 (complex64/complex128 for the complex API): a bf16 or fp16
-    state would carry the recurrence in that precision, token after token."""
-    if dtype not in allowed:
-        raise TypeError(
-            f"{name}: expected a decode state in one of {tuple(map(str, allowed))} (the step "
-            f"accumulates in the state's dtype; q, k, v may be lower precision), got {dtype}"
-        )
-
-
 # Differentiation of the chunked path (the shared-decay custom op and the selective
 # autograd.Function): one hand-written backward, nothing else. Every other impl is plain PyTorch
 # and takes every transform.
@@ -313,7 +265,7 @@ def refuse_double_backward(grads, anchors):
     return tuple(out) if isinstance(grads, tuple) else out
 
 
-def warn_if_unstable(name: str, lam: torch.Tensor) -> None:
+def warn_if_unstable(name: str, lam: torch.Tensor, stacklevel: int = 3) -> None:
     """Warn (once per call site) when a decay has |λ| > 1: the state then grows without bound.
     lam: complex, or real pairs (..., 2). A value check, so only where
     ``idmix.debug.check_values`` allows a host sync (nothing is computed elsewhere)."""
@@ -326,7 +278,7 @@ def warn_if_unstable(name: str, lam: torch.Tensor) -> None:
                 f"{name}: |λ| reaches {worst:.6g} > 1, an unstable decay: the state grows "
                 "geometrically (discretize a complex A with Re A < 0 for |λ| < 1)",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
 
 
@@ -372,7 +324,7 @@ def check_arguments(
     """Every argument of ``interdomain_attention``, in either parameter form, each error
     naming its argument. Returns the call's sizes."""
     B, T, H, R, D = check_qkv(q, k, v)
-    complex_form = any(isinstance(x, torch.Tensor) and x.is_complex() for x in (lam, beta, C))
+    complex_form = isinstance(lam, torch.Tensor) and lam.is_complex()
     if complex_form:
         M = check_params(lam, beta, C, H, readout or "conj", (B, T))
     else:
@@ -387,7 +339,10 @@ def check_arguments(
         if B != 1:
             raise ValueError(f"q: expected a packed batch of 1 row with cu_seqlens, got B={B}")
         if reset is not None:
-            raise ValueError("reset: cu_seqlens already marks the sequence starts; pass one")
+            raise ValueError(
+                "reset: cu_seqlens already marks the sequence starts; pass cu_seqlens or "
+                "reset, not both"
+            )
         cu = check_cu_seqlens(cu_seqlens, T)
     N = B if cu is None else len(cu) - 1
     if initial_state is not None and complex_form:
@@ -409,5 +364,5 @@ def check_arguments(
             "interdomain_attention", CHUNKED_PATH, PLAIN_IMPLS, q, k, v, lam, beta, C,
             initial_state,
         )  # fmt: skip
-    warn_if_unstable("lam", lam)
+    warn_if_unstable("lam", lam, stacklevel=4)  # the caller of interdomain_attention
     return Call(complex_form, B, T, H, R, D, M, cu)
