@@ -184,6 +184,7 @@ CASES = {
     "real reset list": (lambda p: real(p, reset=[[False] * 5] * 2), TypeError, RESET + r" list"),
     # a complex initial state given to the real form (was: its imaginary part dropped)
     "real complex initial_state": (lambda p: real(p, Z0=COMPLEX_Z0), TypeError, REAL_STATE + r".*got torch.complex64"),
+    "real form with complex C": (lambda p: real(p, G_hat=p["C"]), TypeError, r"lam: expected a complex tensor like C \(the complex form\)"),
     "real list initial_state": (lambda p: real(p, Z0=[0.0]), TypeError, REAL_STATE + r".*got list"),
     "varlen_real complex initial_state": (lambda p: interdomain_attention(p["q"][:1], p["k"][:1], p["v"][:1], *real_args(p), cu_seqlens=torch.tensor([0, 2, T]), initial_state=COMPLEX_Z0), TypeError, REAL_STATE),
     # the decode steps: one dtype for q, k, v; an fp32/fp64 state (was: accepted, or

@@ -325,6 +325,14 @@ def check_arguments(
     naming its argument. Returns the call's sizes."""
     B, T, H, R, D = check_qkv(q, k, v)
     complex_form = isinstance(lam, torch.Tensor) and lam.is_complex()
+    others = [
+        n for n, x in (("beta", beta), ("C", C)) if isinstance(x, torch.Tensor) and x.is_complex()
+    ]
+    if not complex_form and others and isinstance(lam, torch.Tensor):
+        raise TypeError(
+            f"lam: expected a complex tensor like {' and '.join(others)} (the complex form), or "
+            f"the real form throughout (lam, beta (…, M, 2), Ĝ for C), got {lam.dtype}"
+        )
     if complex_form:
         M = check_params(lam, beta, C, H, readout or "conj", (B, T))
     else:
