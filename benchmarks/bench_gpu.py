@@ -100,15 +100,7 @@ def training_row(device, T, B, heads, lam, beta, C, reps, sdpa_ctx):
 
     def ours(precision="auto"):
         return interdomain_attention(
-            q,
-            k,
-            v,
-            lam,
-            beta,
-            C,
-            chunk_size=L,
-            backend="triton",
-            precision=precision,
+            q, k, v, lam, beta, C, chunk_size=L, backend="triton", precision=precision
         )[0]
 
     def ours_bf16():

@@ -251,7 +251,7 @@ def check_selective_precisions(device: str) -> None:
                 backend=backend,
                 precision=precision,
                 output_final_state=True,
-            )  # fmt: skip
+            )
             loss = o.square().sum() + (xk.abs() ** 2).sum()
             runs[backend] = [o, xk, *torch.autograd.grad(loss, leaves)]
         for i, (a, b) in enumerate(zip(runs["triton"], runs["torch"], strict=True)):
@@ -313,7 +313,7 @@ def _check_nonfinite_cases(device: str, reset, L: int) -> None:
                 backend=backend,
                 precision="ieee",
                 output_final_state=True,
-            )  # fmt: skip
+            )
             loss = sum(torch.where(torch.isfinite(x), x, 0).abs().sum() for x in (o, xk, xv))
             grads = torch.autograd.grad(loss, [*leaves, *init])
             outs[backend] = (o.detach(), xk.detach(), xv.detach(), *grads)
@@ -582,29 +582,15 @@ def check_decode_mode_blocks(device: str) -> None:
         states = {"torch": Z0.clone(), 0: Z0.clone(), 2**30: Z0.clone()}  # by target programs
         for t in range(3):
             q, k, v = (p[n][:, t].to(device) for n in ("q", "k", "v"))
-            outs = {"torch": interdomain_decode_step(
-                q,
-                k,
-                v,
-                lam,
-                beta,
-                G,
-                states["torch"],
-                backend="torch",
-                inplace=True,
-            )[0]}  # fmt: skip
+            outs = {
+                "torch": interdomain_decode_step(
+                    q, k, v, lam, beta, G, states["torch"], backend="torch", inplace=True
+                )[0]
+            }
             for target in (0, 2**30):
                 with mock.patch.object(step_kernel, "target_programs", lambda _, n=target: n):
                     outs[target] = interdomain_decode_step(
-                        q,
-                        k,
-                        v,
-                        lam,
-                        beta,
-                        G,
-                        states[target],
-                        backend="triton",
-                        inplace=True,
+                        q, k, v, lam, beta, G, states[target], backend="triton", inplace=True
                     )[0]
                 where = f"{B, H, R, D, M} target {target} t={t}"
                 assert_rel(outs[target], outs["torch"], 1e-5, f"o {where}")
@@ -645,7 +631,7 @@ def check_selective(device: str) -> None:
                 backend=backend,
                 precision="ieee",
                 output_final_state=True,
-            )  # fmt: skip
+            )
             g = torch.Generator().manual_seed(0)
             loss = (o * torch.randn(o.shape, generator=g).to(device)).sum() + (xk.abs() ** 2).sum()
             runs[backend] = [o, xk, xv, *torch.autograd.grad(loss, [*leaves, *init])]
@@ -656,7 +642,7 @@ def check_selective(device: str) -> None:
             initial_state=p["initial_state"],
             reset=reset,
             impl="naive",
-        )[0]  # fmt: skip
+        )[0]
         assert_rel(runs["triton"][0], naive, 1e-4, f"triton vs naive {case}")
 
 

@@ -175,15 +175,7 @@ def test_plain_impls_vmap_is_right(impl):
     def f(q, k, v, lam, beta, Xk, Xv, reset):
         C = ps[0]["C"]
         return interdomain_attention(
-            q,
-            k,
-            v,
-            lam,
-            beta,
-            C,
-            initial_state=(Xk, Xv),
-            impl=impl,
-            reset=reset,
+            q, k, v, lam, beta, C, initial_state=(Xk, Xv), impl=impl, reset=reset
         )[0]
 
     got = vmap(f)(*stack, reset)

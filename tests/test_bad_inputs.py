@@ -47,8 +47,12 @@ def core(p, **over):
         a["beta"],
         a["C"],
         initial_state=a.get("initial_state"),
-        **{k: v for k, v in over.items() if k in ("reset", "backend", "readout", "chunk_size", "impl")},
-    )[0]  # fmt: skip
+        **{
+            k: v
+            for k, v in over.items()
+            if k in ("reset", "backend", "readout", "chunk_size", "impl")
+        },
+    )[0]
 
 
 def real_args(p):
@@ -71,7 +75,7 @@ def real(p, **over):
         reset=a.get("reset"),
         backend=a.get("backend", "auto"),
         output_final_state=True,
-    )  # fmt: skip
+    )
 
 
 def step(p, **over):
@@ -87,29 +91,16 @@ def step_real(p, **over):
     a = {"q": p["q"][:, 0], "k": p["k"][:, 0], "v": p["v"][:, 0], "lam_ri": lam_ri,
          "beta_ri": beta_ri, "G": G, "state": torch.zeros(B, H, R + D, 2 * M), **over}  # fmt: skip
     return interdomain_decode_step(
-        a["q"],
-        a["k"],
-        a["v"],
-        a["lam_ri"],
-        a["beta_ri"],
-        a["G"],
-        a["state"],
-        inplace=True,
-    )[0]  # fmt: skip
+        a["q"], a["k"], a["v"], a["lam_ri"], a["beta_ri"], a["G"], a["state"], inplace=True
+    )[0]
 
 
 def varlen(p, **over):
     a = {**p, **over}
     cu = torch.tensor([0, 2, T])
     return interdomain_attention(
-        a["q"][:1],
-        a["k"][:1],
-        a["v"][:1],
-        a["lam"],
-        a["beta"],
-        a["C"],
-        cu_seqlens=cu,
-    )[0]  # fmt: skip
+        a["q"][:1], a["k"][:1], a["v"][:1], a["lam"], a["beta"], a["C"], cu_seqlens=cu
+    )[0]
 
 
 RESET = r"reset: expected a bool tensor of shape \(B, T\) = \(2, 5\) or None, got"
@@ -335,10 +326,15 @@ def test_softmax_decoding_past_its_cache_length_is_named():
     attn.setup_cache(2, torch.float32, 4)
     attn(torch.randn(2, 3, 16))
     attn(torch.randn(2, 1, 16))  # 4 of 4
-    with pytest.raises(ValueError, match=r"x: 1 more position\(s\) would go past the KV cache's max_seq_len = 4 \(4 filled\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"x: 1 more position\(s\) would go past the KV cache's max_seq_len = 4 \(4 filled\)",
+    ):
         attn(torch.randn(2, 1, 16))
     attn.reset_cache()
-    with pytest.raises(ValueError, match=r"x: 6 positions do not fit the KV cache's max_seq_len = 4"):  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"x: 6 positions do not fit the KV cache's max_seq_len = 4"
+    ):
         attn(torch.randn(2, 6, 16))
 
 

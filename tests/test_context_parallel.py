@@ -76,7 +76,7 @@ def _check_case(rank, world, T, bounds, token_decays, resets):
         chunk_size=8,
         reset=p["reset"],
         output_final_state=True,
-    )  # fmt: skip
+    )
     lo, lz = _loss(o, Z, seed=7)
     (lo + lz).backward()
     # this rank's slice

@@ -17,14 +17,7 @@ class Core(torch.nn.Module):
 
     def forward(self, q, k, v):
         o, (xk, xv) = interdomain_attention(
-            q,
-            k,
-            v,
-            self.lam,
-            self.beta,
-            self.C,
-            chunk_size=8,
-            output_final_state=True,
+            q, k, v, self.lam, self.beta, self.C, chunk_size=8, output_final_state=True
         )
         return o, torch.view_as_real(xv)
 

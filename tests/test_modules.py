@@ -30,15 +30,8 @@ def literal_forward(layer, x, readout: str):
     (q, a, b), _ = layer._inputs(x, pos, reset)
     lam, beta, C = (t.to(torch.complex128) for t in layer.core.discretized())
     o = interdomain_attention(
-        q.double(),
-        a.double(),
-        b.double(),
-        lam,
-        beta,
-        C,
-        readout=readout,
-        impl="naive",
-    )[0]  # fmt: skip
+        q.double(), a.double(), b.double(), lam, beta, C, readout=readout, impl="naive"
+    )[0]
     return layer._output(x, o.float())
 
 

@@ -43,7 +43,7 @@ def run(p, reset, impl, **over):
         impl=impl,
         reset=reset,
         output_final_state=True,
-    )  # fmt: skip
+    )
 
 
 def with_value(x, index, value):
@@ -159,14 +159,7 @@ def test_real_form_and_varlen(base):
     assert torch.isfinite(Z).all()
     cu = torch.tensor(STARTS + [T])
     ov = interdomain_attention(
-        p["q"][:1],
-        k[:1],
-        p["v"][:1],
-        p["lam"],
-        p["beta"],
-        p["C"],
-        cu_seqlens=cu,
-        chunk_size=8,
+        p["q"][:1], k[:1], p["v"][:1], p["lam"], p["beta"], p["C"], cu_seqlens=cu, chunk_size=8
     )[0]
     assert torch.equal(~torch.isfinite(ov[0]).all(-1), region(0, 15, 1, to=25)[0])
 

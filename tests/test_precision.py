@@ -78,8 +78,7 @@ def test_bad_precision_is_refused_by_name():
     p64 = make_problem(T=9, dtype=torch.float64)
     with pytest.raises(ValueError, match="precision: 'tf32' rounds fp32 products"):
         interdomain_attention(
-            *(p64[n] for n in ("q", "k", "v", "lam", "beta", "C")),
-            precision="tf32",
+            *(p64[n] for n in ("q", "k", "v", "lam", "beta", "C")), precision="tf32"
         )[0]
     with pytest.raises(ValueError, match="precision: expected one of"):
         InterdomainAttention(32, 2, precision="half")
@@ -95,7 +94,7 @@ def _run(p, precision, dtype=torch.float32):
         initial_state=p["initial_state"],
         precision=precision,
         chunk_size=16,
-    )[0]  # fmt: skip
+    )[0]
     g = torch.Generator().manual_seed(2)
     w = torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype)
     return [o.detach(), *torch.autograd.grad((o * w).sum(), leaves)]

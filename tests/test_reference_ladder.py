@@ -126,23 +126,10 @@ def test_odd_dims_without_initial_state():
     p = make_problem(B=3, T=41, H=1, R=1, D=3, M=1, with_state=False)
     for impl in ("chunked", "closed_form", "recurrent"):
         o = interdomain_attention(
-            p["q"],
-            p["k"],
-            p["v"],
-            p["lam"],
-            p["beta"],
-            p["C"],
-            impl=impl,
-            chunk_size=8,
+            p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"], impl=impl, chunk_size=8
         )[0]
         ref = interdomain_attention(
-            p["q"],
-            p["k"],
-            p["v"],
-            p["lam"],
-            p["beta"],
-            p["C"],
-            impl="naive",
+            p["q"], p["k"], p["v"], p["lam"], p["beta"], p["C"], impl="naive"
         )[0]
         assert_rel(o, ref, TOL_FP64, impl)
 

@@ -130,20 +130,13 @@ def test_real_entry_points_equal_the_complex_ones(T):
         chunk_size=16,
         reset=reset,
         output_final_state=True,
-    )  # fmt: skip
+    )
     assert_rel(o, o_ref, 1e-12, "o")
     assert_rel(Z, state_to_interleaved(Xk, Xv), 1e-12, "state")
     # the in-place real step equals the complex functional step
     state = Z.clone()
     o_step = interdomain_decode_step(
-        p["q"][:, 0],
-        p["k"][:, 0],
-        p["v"][:, 0],
-        lam_ri,
-        beta_ri,
-        G,
-        state,
-        inplace=True,
+        p["q"][:, 0], p["k"][:, 0], p["v"][:, 0], lam_ri, beta_ri, G, state, inplace=True
     )[0]
     o_c, new = interdomain_decode_step(
         p["q"][:, 0], p["k"][:, 0], p["v"][:, 0], p["lam"], p["beta"], G, (Xk, Xv)

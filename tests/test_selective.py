@@ -35,7 +35,7 @@ def run(p, impl, reset=None, chunk_size=8, dtype=torch.float64):
         chunk_size=chunk_size,
         reset=reset,
         output_final_state=True,
-    )  # fmt: skip
+    )
     g = torch.Generator().manual_seed(3)
     loss = (o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype)).sum()
     wk, wv = (torch.randn(X.shape, generator=g, dtype=torch.complex128) for X in (Xk, Xv))
@@ -181,7 +181,7 @@ def test_fp32_within_the_stated_bound_at_64k_tokens():
             impl="recurrent",
             initial_state=p["initial_state"],
             output_final_state=True,
-        )  # fmt: skip
+        )
     got = run(p, "chunked", chunk_size=16, dtype=torch.float32)
     assert_rel(got[0], ref_o, 1e-5, "fp32 output at 64K")
     assert_rel(got[0][:, -8192:], ref_o[:, -8192:], 1e-5, "fp32 output, last 8K positions")
@@ -204,7 +204,7 @@ def test_real_form_and_decode_step_agree_with_the_complex_api():
         initial_state=p["initial_state"],
         chunk_size=8,
         output_final_state=True,
-    )  # fmt: skip
+    )
     G = readout_gram(p["C"])
     o_r, Z = interdomain_attention(
         p["q"],
@@ -216,7 +216,7 @@ def test_real_form_and_decode_step_agree_with_the_complex_api():
         initial_state=state_to_interleaved(*p["initial_state"]),
         chunk_size=8,
         output_final_state=True,
-    )  # fmt: skip
+    )
     assert_rel(o_r, o, TOL_FP64, "real output")
     assert_rel(Z, state_to_interleaved(Xk, Xv), TOL_FP64, "real final state")
     state, steps = p["initial_state"], []
@@ -245,11 +245,7 @@ def test_packed_sequences_with_per_token_decays_run_as_if_alone(with_init):
             for s in p["initial_state"]
         )
     o, (xk, xv) = interdomain_attention(
-        *leaves.values(),
-        cu_seqlens=cu,
-        initial_state=init,
-        chunk_size=8,
-        output_final_state=True,
+        *leaves.values(), cu_seqlens=cu, initial_state=init, chunk_size=8, output_final_state=True
     )
     outs, finals = [], []
     for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
@@ -260,7 +256,7 @@ def test_packed_sequences_with_per_token_decays_run_as_if_alone(with_init):
             initial_state=state,
             chunk_size=8,
             output_final_state=True,
-        )  # fmt: skip
+        )
         outs.append(o_i)
         finals.append(state_to_interleaved(*s_i))
     ref_o, ref_state = torch.cat(outs, 1), torch.cat(finals)
@@ -285,7 +281,7 @@ def test_packed_sequences_with_per_token_decays_run_as_if_alone(with_init):
         initial_state=real_init,
         chunk_size=8,
         output_final_state=True,
-    )  # fmt: skip
+    )
     assert_rel(o_r, ref_o, TOL_FP64, "varlen real output")
     assert_rel(state_r, ref_state, TOL_FP64, "varlen real final states")
 

@@ -98,9 +98,7 @@ def test_bad_cu_seqlens_are_named():
         interdomain_attention(*args, cu_seqlens=torch.tensor([0.0, 7.0]))[0]
     with pytest.raises(ValueError, match="initial_state"):
         interdomain_attention(
-            *args,
-            cu_seqlens=cu,
-            initial_state=tuple(s[:1] for s in p["initial_state"]),
+            *args, cu_seqlens=cu, initial_state=tuple(s[:1] for s in p["initial_state"])
         )[0]
     q2 = p["q"].expand(2, -1, -1, -1)
     with pytest.raises(ValueError, match="packed batch of 1 row"):
@@ -126,7 +124,7 @@ def test_real_form_equals_the_complex_api(with_state):
         initial_state=init,
         chunk_size=4,
         output_final_state=True,
-    )  # fmt: skip
+    )
     o_r, Z = interdomain_attention(
         p["q"],
         p["k"],
@@ -138,6 +136,6 @@ def test_real_form_equals_the_complex_api(with_state):
         initial_state=None if init is None else state_to_interleaved(*init),
         chunk_size=4,
         output_final_state=True,
-    )  # fmt: skip
+    )
     assert_rel(o_r, o, 1e-13, "output")
     assert_rel(Z, state_to_interleaved(xk, xv), 1e-13, "final states")
