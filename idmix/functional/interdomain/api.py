@@ -22,7 +22,7 @@ from .layout import (
     state_to_interleaved,
     varlen,
 )
-from .numerics import contain_state, poison_output, poison_state, resolve_precision, sanitise
+from .numerics import contain_state, poison_output, poison_state, sanitise
 from .references import (
     interdomain_attention_closed_form_real,
     interdomain_attention_naive_real,
@@ -211,16 +211,16 @@ def interdomain_attention(
         initial_state=initial_state, reset=reset, chunk_size=chunk_size, impl=impl,
         backend=backend, precision=precision,
     )  # fmt: skip
-    opt = Options(chunk_size, backend, resolve_precision(precision, q))
+    opt = Options(chunk_size, backend, call.precision)
     Z0 = initial_state
     if call.complex_form:
         cdtype = compute_dtypes(q)[1]
-        lam, beta, C = to_real_form(lam, beta, C, readout or "conj", cdtype)
+        lam, beta, C = to_real_form(lam, beta, C, call.readout, cdtype)
         if initial_state is not None:
             Z0 = state_to_interleaved(*(s.to(cdtype) for s in initial_state))
     o, Z = _attend(q, k, v, lam, beta, C, Z0, reset, call.cu, impl, opt, output_final_state)
     if Z is not None and call.complex_form:
-        Z = interleaved_to_state(Z, call.R)
+        Z = interleaved_to_state(Z, q.shape[-1])
     return o, Z
 
 

@@ -12,6 +12,7 @@ import torch
 
 from .driver import takes_triton
 from .layout import as_complex, interleaved_to_state, state_to_interleaved
+from .triton_engine import kernels_module
 from .validation import (
     State,
     check_complex,
@@ -75,10 +76,13 @@ def empty_state(B, H, M, R, D, dtype=torch.complex64, device=None) -> State:
     return Z[..., :R], Z[..., R:]
 
 
-def _takes_kernel(backend: str, q: torch.Tensor, shared_decays: bool) -> bool:
+def _takes_kernel(backend: str, q: torch.Tensor, shared_decays: bool, records_grad: bool) -> bool:
     """Whether a step goes to the fused kernel: asked for explicitly (which then says why it
-    cannot, if it cannot), or "auto" with one query per state head and shared decays."""
-    return takes_triton(backend, q) and (backend == "triton" or (q.dim() == 3 and shared_decays))
+    cannot, if it cannot), or "auto" with one query per state head, shared decays and no
+    gradient to record through the state it returns (the kernel has no backward)."""
+    if not takes_triton(backend, q):
+        return False
+    return backend == "triton" or (q.dim() == 3 and shared_decays and not records_grad)
 
 
 def interdomain_decode_step(
@@ -139,7 +143,8 @@ def interdomain_decode_step(
     cdtype = torch.complex128 if state[0].dtype == torch.complex128 else torch.complex64
     Z = state_to_interleaved(*(X.to(cdtype) for X in state))  # a copy
     lam_ri, beta_ri = (torch.view_as_real(x.to(cdtype)) for x in (lam, beta))
-    if _takes_kernel(backend, q, lam.dim() == 2):
+    records_grad = not _eager_without_grad(q, k, v, lam, beta, G_hat, *state)
+    if _takes_kernel(backend, q, lam.dim() == 2, records_grad):
         o = _real_step(q, k, v, lam_ri, beta_ri, G_hat, Z, True, "triton")[0]
     else:  # functional, so that gradients flow through a sequence of steps
         o, Z = torch_step(q, k, v, lam_ri, beta_ri, G_hat, Z)
@@ -176,15 +181,13 @@ def _real_step(q, k, v, lam_ri, beta_ri, G_hat, state, inplace: bool, backend: s
     check_devices("q", q, lam=lam_ri, beta=beta_ri, G_hat=G_hat, state=state)
     shared = lam_ri.dim() == 3
     eager = _eager_without_grad(q, k, v, lam_ri, beta_ri, G_hat, state)
-    if _takes_kernel(backend, q, shared) and (inplace or eager or backend == "triton"):
+    if _takes_kernel(backend, q, shared, records_grad=not (inplace or eager)):
         if q.dim() != 3:
             raise ValueError(f"q: the triton decode step takes (B, H, R), got {tuple(q.shape)}")
         if not shared:
             raise ValueError("lam: the triton decode step takes shared (H, M, 2) decays")
-        import idmix_kernels
-
         state = state if inplace else state.clone()
-        o = idmix_kernels.decode_step_triton(q, k, v, lam_ri, beta_ri, G_hat, state)
+        o = kernels_module().decode_step_triton(q, k, v, lam_ri, beta_ri, G_hat, state)
         return o.to(q.dtype), state
     if eager:
         state = state if inplace else state.clone()

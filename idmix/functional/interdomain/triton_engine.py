@@ -30,7 +30,6 @@ one); reset (B, T) bool or None; precision resolved ("ieee", "tf32" or "bf16").
 from __future__ import annotations
 
 import functools
-import importlib
 
 import torch
 
@@ -43,19 +42,20 @@ from .shared import num_pieces, plan, segment_tokens
 from .validation import refuse_double_backward
 
 
+def kernels_module():
+    """The idmix_kernels module (raises the ImportError that says why when it is missing)."""
+    import idmix_kernels
+
+    return idmix_kernels
+
+
 @functools.cache
 def kernels_if_installed():
     """The idmix_kernels module, or None where it (or triton) is not installed."""
     try:
-        return importlib.import_module("idmix_kernels")
+        return kernels_module()
     except ImportError:
         return None
-
-
-def kernels_module():
-    """The idmix_kernels module (raises the ImportError that says why when it is missing)."""
-    kernels = kernels_if_installed()
-    return importlib.import_module("idmix_kernels") if kernels is None else kernels
 
 
 def _starts(ch: Chunked):

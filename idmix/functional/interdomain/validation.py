@@ -11,7 +11,7 @@ import torch.autograd.forward_ad as fwAD
 
 from ...debug import check_values, functorch_transforms
 from ..readout import READOUTS
-from .numerics import check_precision
+from .numerics import resolve_precision
 
 State = tuple[torch.Tensor, torch.Tensor]
 # Every op: "auto" picks triton for CUDA fp32 tensors; "inductor" is "torch" with the chunked
@@ -304,17 +304,14 @@ IMPLS = ("chunked", "naive", "closed_form", "recurrent")
 
 
 class Call(NamedTuple):
-    """A checked call's sizes: which parameter form, (B, T, H, R, D, M), cu_seqlens as a list
-    (or None)."""
+    """What a checked call runs with: which parameter form; its readout (the complex form's,
+    "conj" by default; None for the real form); cu_seqlens as a list (or None); the resolved
+    precision ("ieee", "tf32" or "bf16")."""
 
     complex_form: bool
-    B: int
-    T: int
-    H: int
-    R: int
-    D: int
-    M: int
+    readout: str | None
     cu: list[int] | None
+    precision: str
 
 
 def check_arguments(
@@ -322,7 +319,7 @@ def check_arguments(
     backend, precision,
 ) -> Call:  # fmt: skip
     """Every argument of ``interdomain_attention``, in either parameter form, each error
-    naming its argument. Returns the call's sizes."""
+    naming its argument. Returns what the call runs with."""
     B, T, H, R, D = check_qkv(q, k, v)
     complex_form = isinstance(lam, torch.Tensor) and lam.is_complex()
     others = [
@@ -334,7 +331,8 @@ def check_arguments(
             f"the real form throughout (lam, beta (…, M, 2), Ĝ for C), got {lam.dtype}"
         )
     if complex_form:
-        M = check_params(lam, beta, C, H, readout or "conj", (B, T))
+        readout = readout or "conj"
+        M = check_params(lam, beta, C, H, readout, (B, T))
     else:
         if readout is not None:
             raise ValueError(
@@ -362,9 +360,9 @@ def check_arguments(
     check_backend(backend, q)
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
-    check_precision(precision)
     if impl != "chunked" and precision not in ("auto", "ieee"):
         raise ValueError(f"precision: {precision!r} applies to impl='chunked' only, got {impl!r}")
+    precision = resolve_precision(precision, q)
     tensors = {"lam": lam, "beta": beta, "C": C, "initial_state": initial_state, "reset": reset}
     check_devices("q", q, **tensors)
     if impl == "chunked":
@@ -373,4 +371,4 @@ def check_arguments(
             initial_state,
         )  # fmt: skip
     warn_if_unstable("lam", lam, stacklevel=4)  # the caller of interdomain_attention
-    return Call(complex_form, B, T, H, R, D, M, cu)
+    return Call(complex_form, readout, cu, precision)
