@@ -107,15 +107,3 @@ def test_an_exported_baseline_loads_back_equal(tmp_path, mixer):
     loaded = load_exported_model(path)
     tokens = torch.randint(0, 4096, (1, 12))
     torch.testing.assert_close(loaded(tokens), model.eval()(tokens))
-
-
-def test_old_key_upgrades_leave_a_model_s_own_names_alone():
-    """``out_norm`` was the SSM mixer's old name for output_norm; a module that uses the name
-    itself keeps it when the loader knows the model's keys."""
-    from idmix.modules import upgrade_state_dict
-
-    own = {"layers.0.attn.out_norm.weight": torch.ones(2)}
-    kept = upgrade_state_dict(dict(own), expected=set(own))
-    assert set(kept) == set(own)
-    old = upgrade_state_dict(dict(own), expected={"layers.0.attn.output_norm.weight"})
-    assert set(old) == {"layers.0.attn.output_norm.weight"}

@@ -25,7 +25,7 @@ from idmix.io.model_description import (
     compare_shapes,
     plain_description,
 )
-from idmix.modules import upgrade_state_dict
+from idmix.io.upgrade import refuse_old_layout
 
 from .configuration import IdmixConfig
 from .directory import check_replaceable, write_dir
@@ -89,7 +89,7 @@ def convert(checkpoint, out_dir, tokenizer=None, overwrite=False) -> Path:
         raise ValueError(f"{source} is not a model_final.pt export")
     saved["model_config"] = plain_description(saved["model_config"], source)
     check_description(saved["model_config"], source)
-    upgrade_state_dict(saved["model"])
+    refuse_old_layout(saved["model"], source)
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, saved["model"]["tok_embeddings.weight"].shape[0])
     return save_hf(saved["model"], saved["model_config"], out_dir, tokenizer, overwrite)

@@ -51,6 +51,7 @@ from torch.distributed.checkpoint.state_dict import (
 from . import manifest
 from .dcp_reader import RestrictedReader, TensorsOnlyPlanner, read_dcp_metadata
 from .files import atomic_write, atomic_write_text, disk_full
+from .upgrade import refuse_old_layout
 
 STEP_NAME = re.compile(r"step_\d{6,}")
 SINGLE_PROCESS_NOTICE = (
@@ -277,40 +278,18 @@ def verify_checkpoint(path: Path, run_id: str | None) -> None:
         )
 
 
-def _legacy_names(path: Path, model_keys) -> dict[str, str]:
-    """{current name: name in the checkpoint} for the parameters a checkpoint written before the
-    composition redesign holds under their old names (``idmix.modules.mixer.RENAMED_KEYS``)."""
-    from ..modules.mixer import RENAMED_KEYS
-
-    stored = read_dcp_metadata(path).state_dict_metadata
-    names = {}
-    for key in model_keys:
-        for old, new in RENAMED_KEYS.items():
-            legacy = key[: -len(new)] + old
-            if key.endswith(new) and f"model.{key}" not in stored and f"model.{legacy}" in stored:
-                names[key] = legacy
-    return names
-
-
-def _renamed(obj, names: dict[str, str]):
-    """obj (nested dicts/lists of state) with every key or string found in names replaced."""
-    if isinstance(obj, dict):
-        return {
-            names.get(k, k) if isinstance(k, str) else k: _renamed(v, names) for k, v in obj.items()
-        }
-    if isinstance(obj, list):
-        return [names.get(x, x) if isinstance(x, str) else _renamed(x, names) for x in obj]
-    return obj
-
-
 def load_checkpoint(path: Path, model, optimizer, run_id: str | None = None) -> dict:
     """Restore model and optimizer in place; returns this rank's extra dict (RNG restored).
-    The manifest is verified first (and the run id, if given); no file can run code.
-    Checkpoints from before the composition redesign load too (renamed parameters)."""
+    The manifest is verified first (and the run id, if given); no file can run code. A
+    checkpoint of the old parameter names is refused, naming ``idmix.io.upgrade``."""
     on_rank0(lambda: verify_checkpoint(path, run_id))
+    stored = read_dcp_metadata(path).state_dict_metadata
+    refuse_old_layout(
+        [k.removeprefix("model.") for k in stored if k.startswith("model.")],
+        f"checkpoint {str(path)!r}",
+    )
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    names = _legacy_names(path, model_sd)
-    state = _renamed({"model": model_sd, "optim": optim_sd}, names)
+    state = {"model": model_sd, "optim": optim_sd}
     try:
         reader = RestrictedReader(str(path))
         with _single_process_notice_dropped():
@@ -320,7 +299,6 @@ def load_checkpoint(path: Path, model, optimizer, run_id: str | None = None) -> 
         if isinstance(cause, ValueError | OSError):
             raise cause from None
         raise
-    state = _renamed(state, {new: old for old, new in names.items()})
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )

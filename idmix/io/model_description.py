@@ -242,16 +242,16 @@ def compare_shapes(model: nn.Module, shapes: Mapping, where: str, fix: str = "")
 
 
 def build_described(config, state_dict: dict, source: str) -> nn.Module:
-    """The model a saved description builds, for state_dict (its keys of older layouts upgraded
-    in place): the description checked, then its sizes against state_dict's shapes on the meta
-    device, then built (weights not loaded here)."""
-    from ..modules import upgrade_state_dict
+    """The model a saved description builds, for state_dict: the description checked, the
+    parameter names against the old layout, then its sizes against state_dict's shapes on the
+    meta device, then built (weights not loaded here)."""
+    from .upgrade import refuse_old_layout
 
     builder, kwargs = check_description(plain_description(config, source), source)
+    refuse_old_layout(state_dict, source)
     shapes = {k: v.shape for k, v in state_dict.items()}
     meta = meta_model(builder, kwargs, shapes, source)
-    upgrade_state_dict(state_dict, meta.state_dict().keys())  # renames keys, never shapes
-    compare_shapes(meta, {k: v.shape for k, v in state_dict.items()}, source)
+    compare_shapes(meta, shapes, source)
     return builder(**kwargs)
 
 

@@ -11,7 +11,6 @@ from .gated_norm import GatedHeadNorm
 from .gla import GatedLinearAttention
 from .inputs import dual_kv_inputs, generic_inputs
 from .interdomain import InterdomainAttention
-from .legacy import upgrade_state_dict
 from .linear_state import LinearStateMixer
 from .mamba2 import Mamba2
 from .mixer import SSMMixer
@@ -77,5 +76,4 @@ __all__ = [
     "register_mixer",
     "resolve_mixer",
     "ssm_mixer",
-    "upgrade_state_dict",
 ]

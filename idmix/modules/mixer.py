@@ -19,11 +19,10 @@ from ..functional import rope
 from .base import CachedMixer
 from .cache import RecurrentCache
 from .documents import check_layer_input, positions_and_resets
-from .legacy import RENAMED_KEYS, rename_old_keys
 from .parts import Core, Gate, InputBranch, Readout
 
 CALIBRATIONS = ("per_head", "global", "none")
-__all__ = ["CALIBRATIONS", "RENAMED_KEYS", "SSMMixer"]
+__all__ = ["CALIBRATIONS", "SSMMixer"]
 
 
 class SSMMixer(CachedMixer):
@@ -103,7 +102,6 @@ class SSMMixer(CachedMixer):
         self.gate = gate
         self.output_proj = output_proj
         self.rope_last_base, self.calibration = rope_last_base, calibration
-        self.register_load_state_dict_pre_hook(rename_old_keys)
 
     # torchtune attention contract -------------------------------------------------------------
     def setup_cache(self, batch_size: int, dtype: torch.dtype, max_seq_len: int = 0) -> None:
