@@ -22,6 +22,7 @@ import torch
 from examples.relu_feature_map import relu_interdomain
 from examples.selective_per_mode import selective_per_mode
 from examples.silu_gated_mixer import silu_gated_interdomain
+from idmix.hf.convert import convert as hf_convert
 from idmix.io.checkpoint import latest_checkpoint, load_checkpoint, load_exported_model
 from idmix.io.upgrade import COMMAND, current_names, upgrade
 from idmix.models import decoder
@@ -86,6 +87,9 @@ def test_old_exports_convert_and_load_with_the_same_logits(mixer, tmp_path):
     if mixer != "softmax":  # it has no SSM parameters: nothing to convert, and it loads as is
         with pytest.raises(ValueError, match="idmix.io.upgrade OLD NEW"):
             load_exported_model(old)
+        with pytest.raises(ValueError, match="idmix.io.upgrade OLD NEW"):
+            hf_convert(old, tmp_path / "hf")
+        assert not (tmp_path / "hf").exists()
     upgrade(old, tmp_path / "model_final.pt")
     model = load_exported_model(tmp_path / "model_final.pt")
     want = json.loads((fp.LEGACY / "logits.json").read_text())[mixer]
