@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import mark, measure_in_subprocess, peak_rss_increase_mb, print_table  # noqa: E402
 
 from idmix.models import interdomain_tiny  # noqa: E402
-from idmix.parallel import count_traffic, enable_context_parallel  # noqa: E402
+from idmix.parallel import ContextParallel, count_traffic  # noqa: E402
 
 STEPS = 2
 TARGET_MEMORY = 0.35
@@ -42,9 +42,8 @@ TARGET_MEMORY = 0.35
 def _steps(T: int, rank: int, world: int) -> dict:
     """Two training steps of this rank's slice of one T-token sequence."""
     torch.manual_seed(0)
-    model = interdomain_tiny(max_seq_len=T)  # the bound torchtune checks; no limit in the layers
-    if world > 1:
-        enable_context_parallel(model)
+    split = {"context_parallel": ContextParallel()} if world > 1 else {}
+    model = interdomain_tiny(max_seq_len=T, **split)  # max_seq_len: torchtune's bound only
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tokens = torch.randint(0, 4096, (1, T + 1), generator=torch.Generator().manual_seed(1))
     n = T // world

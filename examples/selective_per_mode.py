@@ -23,7 +23,15 @@ class PerModeSelectiveReadout(PerTokenDecayReadout):
     def from_args(cls, args: SSMArgs) -> PerModeSelectiveReadout:
         a = cls.check_args(args)
         shape = (a.num_heads, a.num_modes, 2 * a.head_dim)
-        return cls(a.num_heads, shape, a.readout_convention, a.chunk_size, a.backend, a.precision)
+        return cls(
+            a.num_heads,
+            shape,
+            a.readout_convention,
+            a.chunk_size,
+            a.backend,
+            a.precision,
+            cls.attention_for(a),
+        )
 
     def decays(self, a, b, core):
         """a, b: (B, T, H, d_h) -> (lam_ri, beta_ri): (B, T, H, M, 2) fp32."""

@@ -1,4 +1,4 @@
-"""A model on a sequence split across gloo ranks (idmix.parallel.enable_context_parallel): the
+"""A model built for a sequence split across gloo ranks (``decoder(context_parallel=…)``): the
 loss, every parameter's gradient and a few optimiser steps equal the single-process model's,
 for interdomain, a hybrid with softmax layers and the selective (per-token decay) layer, with
 documents starting at and across a slice boundary; unsupported mixers and decoding caches are
@@ -6,15 +6,18 @@ refused by name."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from examples.selective_per_mode import PerModeSelectiveReadout
 from idmix import models
-from idmix.parallel import enable_context_parallel
+from idmix.modules import GatedLinearAttention as GLA
+from idmix.modules import InterdomainAttention, ssm_mixer
+from idmix.parallel import ContextParallel
 from tests.distributed import run_ranks
 
 # fp32, measured: loss ≤ 1.2e-7 relative, gradients ≤ 8.0e-6 relative to the largest entry of
@@ -26,20 +29,21 @@ LOSS_TOL, GRAD_TOL = 1e-6, 2e-5
 T = 48
 
 
-def _model(name):
+def _model(name, **split):
     torch.manual_seed(0)
     builder = {
         "interdomain": models.interdomain_tiny,
         "hybrid": models.hybrid_interdomain_tiny,  # layer 1 softmax: gathered K/V
         "selective": models.selective_interdomain_tiny,  # per-token decays
     }
-    return builder[name](chunk_size=8)
+    return builder[name](chunk_size=8, **split)
 
 
 def _train_equal(rank, world, name, packed):
     ref = _model(name)
-    cp_model = copy.deepcopy(ref)
-    enable_context_parallel(cp_model)
+    cp_model = _model(name, context_parallel=ContextParallel())
+    for (n, p), q in zip(ref.named_parameters(), cp_model.parameters(), strict=True):
+        assert torch.equal(p, q), n  # the same layers, parameter for parameter
     g = torch.Generator().manual_seed(1)
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     a, b = rank * T // world, (rank + 1) * T // world
@@ -81,18 +85,30 @@ def test_split_model_trains_like_one_process(name, packed):
     run_ranks(2, _train_equal, name, packed)
 
 
+class _NotBuiltForSplits(PerModeSelectiveReadout):
+    """A user's readout whose from_args ignores args.context_parallel."""
+
+    @classmethod
+    def from_args(cls, args):
+        return super().from_args(dataclasses.replace(args, context_parallel=None))
+
+
 def _refusals(rank, world):
-    with pytest.raises(ValueError, match=r"layers\[0\]\.attn: .*LinearReadout"):
-        enable_context_parallel(models.s4d_tiny())
-    with pytest.raises(ValueError, match=r"gated_deltanet|GatedDeltaNet"):
-        enable_context_parallel(models.gated_deltanet_tiny())
-    model = models.interdomain_tiny()
-    enable_context_parallel(model)
+    cp = ContextParallel()
+    with pytest.raises(ValueError, match=r"context_parallel: the linear \(S4D-only\) readout"):
+        models.s4d_tiny(context_parallel=cp)
+    with pytest.raises(ValueError, match=r"layers\[0\]\.attn: GatedDeltaNet has no context-par"):
+        models.gated_deltanet_tiny(context_parallel=cp)
+    with pytest.raises(ValueError, match=r"layers\[1\]\.attn: GatedLinearAttention has no"):
+        models.interdomain_tiny(mixer=lambda i: GLA(128, 4) if i else InterdomainAttention(
+            128, 4, context_parallel=cp), context_parallel=cp)  # fmt: skip
+    with pytest.raises(ValueError, match=r"context_parallel: _NotBuiltForSplits was not built"):
+        ssm_mixer(8, 2, num_modes=4, readout=_NotBuiltForSplits, context_parallel=cp)
+    model = models.interdomain_tiny(context_parallel=cp)
     model.setup_caches(batch_size=1, dtype=torch.float32, decoder_max_seq_len=8)
     with pytest.raises(RuntimeError, match="setup_cache: a context-parallel layer"):
         model.layers[0].attn(torch.zeros(1, 4, 128))
-    model = models.interdomain_tiny()
-    enable_context_parallel(model)
+    model = models.interdomain_tiny(context_parallel=cp)
     with pytest.raises(ValueError, match="shorter than the short conv"):
         model(torch.zeros(1, 2, dtype=torch.long))
 

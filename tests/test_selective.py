@@ -316,7 +316,7 @@ def test_selective_layer_starts_as_interdomain_and_learns_its_step_sizes():
     attn = selective.layers[0].attn
     pos = torch.arange(39).expand(2, -1)
     (_, a, b), _ = attn._inputs(selective.tok_embeddings(tokens[:, :-1]), pos, None)
-    lam_ri, _ = attn.readout.decays(a, b, attn.ssm)
+    lam_ri, _ = attn.readout.decays(a, b, attn.core)
     assert lam_ri[..., 0].std(dim=1).min() > 0  # decays differ across tokens now
 
 

@@ -45,7 +45,7 @@ def mixer_factory(mixer: str | Mapping, embed_dim: int, num_heads: int, **option
 
 def hybrid_factory(
     make_mixer: MixerFactory, every: int, num_layers: int, embed_dim: int, num_heads: int,
-    rope_base: float = 10000.0,
+    rope_base: float = 10000.0, context_parallel=None,
 ) -> MixerFactory:  # fmt: skip
     """layer_idx -> SoftmaxAttention where layer_idx % every == every - 1, else make_mixer."""
     if isinstance(every, bool) or not isinstance(every, int) or not 2 <= every <= num_layers:
@@ -54,7 +54,9 @@ def hybrid_factory(
             f"softmax), got {every!r}"
         )
     return lambda i: (
-        SoftmaxAttention(embed_dim, num_heads, rope_base=rope_base)
+        SoftmaxAttention(
+            embed_dim, num_heads, rope_base=rope_base, context_parallel=context_parallel
+        )
         if i % every == every - 1
         else make_mixer(i)
     )
@@ -86,6 +88,7 @@ def decoder(
     softmax_every: int | None = None,
     norm_eps: float = 1e-6,
     init_std: float = 0.02,
+    context_parallel=None,
     **mixer_kwargs,
 ):
     """Pre-norm decoder: embedding -> num_layers × [RMSNorm, mixer, RMSNorm, SwiGLU] -> RMSNorm
@@ -99,6 +102,12 @@ def decoder(
     Init: N(0, init_std) for embeddings and linears; residual output projections (mixer
     ``output_proj``, SwiGLU ``w2``) N(0, init_std/√(2·num_layers)); SSM mixers then rescale C
     so their core output has unit RMS (``SSMMixer.calibrate_``). Skipped on the meta device.
+
+    ``context_parallel``: None, or the ``idmix.parallel.ContextParallel`` each input sequence is
+    split over (the model then takes this rank's slice): every mixer is built for it (a mixer
+    option; a ``layer_idx`` callable passes it to its layers itself), and one without a
+    context-parallel form is refused by layer. The layers are the same, parameter for
+    parameter, as without it.
     """
     from torchtune.modules import (
         FeedForward,
@@ -124,12 +133,16 @@ def decoder(
             "layers itself: pass them to it, or give mixer as a registered name or as "
             "{'_component_': 'module.builder'}, which receive them"
         )
+    split = {} if context_parallel is None else {"context_parallel": context_parallel}
     make_mixer = (
-        mixer if callable(mixer) else mixer_factory(mixer, embed_dim, num_heads, **mixer_kwargs)
+        mixer
+        if callable(mixer)
+        else mixer_factory(mixer, embed_dim, num_heads, **mixer_kwargs, **split)
     )
     if softmax_every is not None:
+        rope_base = mixer_kwargs.get("rope_base", 10000.0)
         make_mixer = hybrid_factory(make_mixer, softmax_every, num_layers, embed_dim, num_heads,
-                                    mixer_kwargs.get("rope_base", 10000.0))  # fmt: skip
+                                    rope_base, context_parallel)  # fmt: skip
     hidden = intermediate_dim or swiglu_hidden_dim(embed_dim)
 
     def block(i):
@@ -154,8 +167,23 @@ def decoder(
         norm=RMSNorm(embed_dim, eps=norm_eps),
         output=nn.Linear(embed_dim, vocab_size, bias=False),
     )
+    if context_parallel is not None:
+        check_split(model, context_parallel)
+        model.register_forward_pre_hook(context_parallel.new_pass)
     init_weights_(model, init_std)
     return model
+
+
+def check_split(model, context_parallel) -> None:
+    """Every layer of model built for context_parallel, else a ValueError naming the layer."""
+    for i, layer in enumerate(model.layers):
+        mixer = layer.attn
+        if getattr(mixer, "context_parallel", None) is not context_parallel:
+            raise ValueError(
+                f"context_parallel: model.layers[{i}].attn: {type(mixer).__name__} has no "
+                "context-parallel form (or was built without it); supported: interdomain and "
+                "selective interdomain layers, softmax attention"
+            )
 
 
 class TokenEmbedding(nn.Embedding):

@@ -68,4 +68,5 @@ def ssm_mixer(
         gate=SigmoidGate(embed_dim) if gate is True else gate or None,  # False: none
         output_proj=nn.Linear(embed_dim, embed_dim, bias=False),
         calibration=args.calibration,
+        context_parallel=args.context_parallel,
     )

@@ -20,6 +20,7 @@ from .base import CachedMixer
 from .cache import RecurrentCache
 from .documents import check_layer_input, positions_and_resets
 from .parts import Core, Gate, InputBranch, Readout
+from .readouts import whole_sequence
 
 CALIBRATIONS = ("per_head", "global", "none")
 __all__ = ["CALIBRATIONS", "SSMMixer"]
@@ -35,6 +36,8 @@ class SSMMixer(CachedMixer):
     the feature map and the norm, so query-key scores depend on t - s only), output_norm
     (per-head module on o), head_mix (d × d on the flattened heads, the S4D-only C_out), gate
     (Gate). calibration: "global", "per_head" or "none" (see :meth:`calibrate_`).
+    context_parallel: the ``ContextParallel`` the input is a slice of (None: whole sequences);
+    the readout must have been built for it (its ``attention`` the split-sequence op).
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class SSMMixer(CachedMixer):
         head_mix: nn.Module | None = None,
         gate: nn.Module | None = None,
         calibration: str = "global",
+        context_parallel=None,
     ):
         super().__init__()
         if calibration not in CALIBRATIONS:
@@ -89,6 +93,15 @@ class SSMMixer(CachedMixer):
                 f"query: expected {num_heads} heads of {d_h}, got {query.num_heads} of "
                 f"{query.head_dim}"
             )
+        if context_parallel is not None and getattr(readout, "attention", None) in (
+            None,
+            whole_sequence,
+        ):
+            raise ValueError(
+                f"context_parallel: {type(readout).__name__} was not built for a split sequence "
+                "(its from_args takes the op from QueryReadout.attention_for(args))"
+            )
+        self.context_parallel = context_parallel
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, d_h
         self.num_state_groups, self.num_modes = G, core.num_modes
         # registration order = state-dict and init order (kept from the first layer)
@@ -146,7 +159,7 @@ class SSMMixer(CachedMixer):
         convs = (None, None, None) if cache is None else (cache.conv_q, cache.conv_a, cache.conv_b)
         (q, a, b), (cq, ca, cb) = self._inputs(x, pos, reset, convs)
         init = None if cache is None else cache.state
-        o, state = self.readout(q, a, b, self.core, init, reset, self.context_parallel)
+        o, state = self.readout(q, a, b, self.core, init, reset)
         if cache is not None:
             self._store(cache, state, cq, ca, cb)
         return self._output(x, o)
@@ -161,10 +174,11 @@ class SSMMixer(CachedMixer):
                 dst.copy_(src)
 
     # internals ---------------------------------------------------------------------------------
-    def _inputs(self, x, pos, reset, convs=(None, None, None)):
+    def _inputs(self, x, pos, reset, convs=(None, None, None), split=True):
         """The query and the two normalised SSM input halves, with their new conv caches.
-        x: (B, T, d) -> ((q (B, T, H, d_h) or None, a, b (B, T, G, d_h)), (cq, ca, cb))."""
-        cp = self.context_parallel
+        x: (B, T, d) -> ((q (B, T, H, d_h) or None, a, b (B, T, G, d_h)), (cq, ca, cb)).
+        split: x is this rank's slice of a split sequence, if the mixer was built for one."""
+        cp = self.context_parallel if split else None
         q, cq = (None, None) if self.query is None else self.query(x, pos, reset, convs[0], cp)
         a, ca = self.key_branch(x, pos, reset, convs[1], cp)
         b, cb = self.value_branch(x, pos, reset, convs[2], cp)
@@ -225,18 +239,15 @@ class SSMMixer(CachedMixer):
         g = torch.Generator(device="cpu").manual_seed(seed)
         x = torch.randn(1, seq_len, self.embed_dim, generator=g).to(self.output_proj.weight)
         pos, reset = positions_and_resets(None, 1, seq_len, x.device)
-        (q, a, b), _ = self._inputs(x, pos, reset)
-        o = self.readout(q, a, b, self.core, None)[0].float()  # (1, T, H, d_h)
+        # the whole sequence on every rank, also when built for a split one: the ranks' C stay
+        # equal, and equal to the one-process model's
+        split = self.context_parallel is not None
+        (q, a, b), _ = self._inputs(x, pos, reset, split=False)
+        o = self.readout(q, a, b, self.core, None, **({"whole": True} if split else {}))[0]
+        o = o.float()  # (1, T, H, d_h)
         ms = o.pow(2).mean(dim=(0, 1, 3)).view(G, -1).mean(-1)  # (G,): per state head
         if self.calibration == "global":
             ms = ms.mean().expand(G)
         scale = ms.clamp_min(1e-24).rsqrt() ** (1.0 / self.readout.c_degree)
         self.core.scale_readout_(scale)
         return scale.cpu()
-
-    # the names these parts had before the parts redesign, for code that reads them
-    ssm = property(lambda self: self.core)
-    branch_a = property(lambda self: self.key_branch)
-    branch_b = property(lambda self: self.value_branch)
-    norm_a = property(lambda self: self.key_norm)
-    norm_b = property(lambda self: self.value_norm)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from ..functional import silu_l2_feature_map
+
+if TYPE_CHECKING:
+    from ..parallel import ContextParallel
 
 
 @runtime_checkable
@@ -86,7 +89,9 @@ class InputBranch(Protocol):
 class SSMArgs:
     """The settings of one SSM mixer; each part factory reads the ones it needs and checks the
     ones it cannot honour (the option list of ``ssm_mixer``, docs/science.md for the choices).
-    gate: False, True (``SigmoidGate``) or a factory (SSMArgs) -> Gate."""
+    gate: False, True (``SigmoidGate``) or a factory (SSMArgs) -> Gate. context_parallel: None,
+    or the ``idmix.parallel.ContextParallel`` the sequence is split over (``decoder`` passes
+    it): the readout is built with the split-sequence op and the mixer exchanges halos."""
 
     embed_dim: int
     num_heads: int
@@ -108,6 +113,7 @@ class SSMArgs:
     calibration: str = "global"
     output_norm: bool = False
     gate: bool | Callable[[SSMArgs], Gate] = False
+    context_parallel: ContextParallel | None = None
 
     def __post_init__(self):
         for name in ("embed_dim", "num_heads", "num_modes"):

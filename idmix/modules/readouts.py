@@ -3,12 +3,13 @@ the linear (S4D-only) readout. Both take the two normalised input halves a (keys
 (values), the S4D core and the state in the one runtime form, (B, G, 2d_h, 2M) interleaved
 real (``idmix.functional.state_to_interleaved``), and return per-head outputs.
 
-    forward(q, a, b, core, state, reset, context_parallel) -> (o (B, T, H, d_h), final state)
+    forward(q, a, b, core, state, reset) -> (o (B, T, H, d_h), final state)
     step(q, a, b, core, state) -> o (B, H, d_h), the state advanced in place
 
 q: (B, T, H, d_h) (None for a readout without a query); a, b: (B, T, G, d_h); state: None or
-the initial state; reset: (B, T) bool document starts or None; context_parallel: None, or the
-``idmix.parallel.ContextParallel`` the sequence is split over (query readouts only).
+the initial state; reset: (B, T) bool document starts or None. A query readout runs the op
+it was built with (``attention``): on the whole sequence, or, when ``SSMArgs.context_parallel``
+is set, on this rank's slice of a split one (``QueryReadout.attention_for``).
 ``c_degree``: the degree of the output in C (the calibration at init takes that root of the
 scale). ``from_args(SSMArgs)`` builds a readout for ``ssm_mixer``.
 """
@@ -44,7 +45,8 @@ class QueryReadout(nn.Module):
     in training and the O(1) step in decoding; U and Γ are never formed (docs/design.md §2).
 
     With num_state_groups G < H, the r = H/G query heads of a group read one shared state
-    (like GQA: the state shrinks H/G times). No parameters.
+    (like GQA: the state shrinks H/G times). attention: the op it runs, ``whole_sequence`` or
+    a ``ContextParallel.op()``. No parameters.
     """
 
     c_degree = 2  # the output depends on C through CᴴC
@@ -58,6 +60,7 @@ class QueryReadout(nn.Module):
         chunk_size=64,
         backend: str = "auto",
         precision: str = "auto",
+        attention=whole_sequence,
     ):
         super().__init__()
         if convention not in READOUTS:
@@ -72,11 +75,11 @@ class QueryReadout(nn.Module):
         check_precision(precision)
         self.num_heads, self.num_state_groups = num_heads, num_state_groups
         self.convention, self.chunk_size, self.backend = convention, chunk_size, backend
-        self.precision = precision
+        self.precision, self.attention = precision, attention
 
     @classmethod
     def from_args(cls, args: SSMArgs) -> QueryReadout:
-        """Its convention, chunk size, backend and precision from ``args``."""
+        """Its convention, chunk size, backend, precision and op from ``args``."""
         return cls(
             args.num_heads,
             args.groups,
@@ -84,18 +87,22 @@ class QueryReadout(nn.Module):
             args.chunk_size,
             args.backend,
             args.precision,
+            cls.attention_for(args),
         )
 
     @staticmethod
-    def op(context_parallel):
-        """The chunked op: on this rank's slice of a split sequence, or on the whole one."""
-        return whole_sequence if context_parallel is None else context_parallel.op()
+    def attention_for(args: SSMArgs):
+        """The chunked op a readout built from args runs: on this rank's slice of a sequence
+        split over ``args.context_parallel``, or on the whole one."""
+        cp = args.context_parallel
+        return whole_sequence if cp is None else cp.op()
 
-    def forward(self, q, a, b, core, state=None, reset=None, context_parallel=None):
+    def forward(self, q, a, b, core, state=None, reset=None, *, whole=False):
+        """whole: the whole-sequence op even when built for a split sequence (calibration)."""
         lam_ri, beta_ri = core.discretized_real()
         G_hat = core.gram(self.convention)
         r = self.num_heads // self.num_state_groups
-        attention = self.op(context_parallel)
+        attention = whole_sequence if whole else self.attention
         if r == 1:
             return attention(
                 q,
@@ -179,6 +186,11 @@ class LinearReadout(nn.Module):
             raise ValueError(
                 f"precision: the linear readout has no matrix products, got {args.precision!r}"
             )
+        if args.context_parallel is not None:
+            raise ValueError(
+                "context_parallel: the linear (S4D-only) readout has no context-parallel form; "
+                "supported: interdomain and selective interdomain layers, softmax attention"
+            )
         head_mix = nn.Linear(args.embed_dim, args.embed_dim, bias=False)
         return ReadoutParts(cls(args.num_heads, args.num_modes), head_mix)
 
@@ -189,9 +201,7 @@ class LinearReadout(nn.Module):
     def prepare_decoding(self, core) -> None:
         """Nothing to snapshot: the step reads λ, β and C directly."""
 
-    def forward(self, q, a, b, core, state=None, reset=None, context_parallel=None):
-        if context_parallel is not None:
-            raise ValueError("context_parallel: the linear readout has no context-parallel form")
+    def forward(self, q, a, b, core, state=None, reset=None):
         lam, beta, C = core.discretized()
         d_h = a.shape[-1]
         z = torch.cat([a, b], dim=-1)

@@ -45,7 +45,9 @@ MIXERS: dict[str, MixerEntry] = {
     "interdomain": MixerEntry(InterdomainAttention, SSM_OPTIONS),
     "s4d": MixerEntry(S4DMixer, SSM_OPTIONS),
     "selective_interdomain": MixerEntry(SelectiveInterdomainAttention, SSM_OPTIONS),
-    "softmax": MixerEntry(SoftmaxAttention, SSM_OPTIONS, frozenset({"rope_base", "use_rope"})),
+    "softmax": MixerEntry(
+        SoftmaxAttention, SSM_OPTIONS, frozenset({"rope_base", "use_rope", "context_parallel"})
+    ),
     **{
         name: MixerEntry(partial(ablation_cell, name), SSM_OPTIONS - set(parts))
         for name, parts in ABLATION_CELLS.items()

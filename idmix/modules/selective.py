@@ -24,7 +24,7 @@ from .compose import ssm_mixer
 from .linear_state import inverse_softplus
 from .mixer import SSMMixer
 from .parts import SSMArgs
-from .readouts import QueryReadout
+from .readouts import QueryReadout, whole_sequence
 
 
 class PerTokenDecayReadout(QueryReadout):
@@ -43,8 +43,11 @@ class PerTokenDecayReadout(QueryReadout):
         chunk_size=64,
         backend: str = "auto",
         precision: str = "auto",
+        attention=whole_sequence,
     ):
-        super().__init__(num_heads, num_heads, convention, chunk_size, backend, precision)
+        super().__init__(
+            num_heads, num_heads, convention, chunk_size, backend, precision, attention
+        )
         self.dt_weight = nn.Parameter(torch.zeros(dt_weight_shape))
 
     @staticmethod
@@ -54,9 +57,9 @@ class PerTokenDecayReadout(QueryReadout):
             raise ValueError("num_state_groups: the selective layer keeps one state per head")
         return args
 
-    def forward(self, q, a, b, core, state=None, reset=None, context_parallel=None):
+    def forward(self, q, a, b, core, state=None, reset=None, *, whole=False):
         lam_ri, beta_ri = self.decays(a, b, core)
-        return self.op(context_parallel)(
+        return (whole_sequence if whole else self.attention)(
             q,
             a,
             b,
@@ -89,15 +92,22 @@ class SelectiveQueryReadout(PerTokenDecayReadout):
         chunk_size=64,
         backend: str = "auto",
         precision: str = "auto",
+        attention=whole_sequence,
     ):
         shape = (num_heads, 2 * head_dim)
-        super().__init__(num_heads, shape, convention, chunk_size, backend, precision)
+        super().__init__(num_heads, shape, convention, chunk_size, backend, precision, attention)
 
     @classmethod
     def from_args(cls, args: SSMArgs) -> SelectiveQueryReadout:
         a = cls.check_args(args)
         return cls(
-            a.num_heads, a.head_dim, a.readout_convention, a.chunk_size, a.backend, a.precision
+            a.num_heads,
+            a.head_dim,
+            a.readout_convention,
+            a.chunk_size,
+            a.backend,
+            a.precision,
+            cls.attention_for(a),
         )
 
     def decays(self, a, b, core):

@@ -18,12 +18,21 @@ class SoftmaxAttention(CachedMixer):
     Without a mask: causal, or block-causal when input_pos restarts at 0 inside a row (packed
     documents). With a cache: keys/values are appended; ``mask`` (B, T, S_max), True = attend,
     as torchtune's generation utilities build it, or causal over the filled cache if None.
+    context_parallel: None, or the ``ContextParallel`` the input is a slice of (every rank's keys
+    and values are all-gathered).
     """
 
     def __init__(
-        self, embed_dim: int, num_heads: int, *, rope_base: float = 10000.0, use_rope: bool = True
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        rope_base: float = 10000.0,
+        use_rope: bool = True,
+        context_parallel=None,
     ):
         super().__init__()
+        self.context_parallel = context_parallel
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim: {embed_dim} is not divisible by num_heads={num_heads}")
         self.num_heads, self.head_dim = num_heads, embed_dim // num_heads

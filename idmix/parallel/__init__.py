@@ -2,12 +2,11 @@
 fixed-size recurrent states (and short-conv halos, and softmax keys/values) instead of tokens."""
 
 from ..functional.collectives import Traffic, all_gather_with_grad, count_traffic
-from .context import ContextParallel, enable_context_parallel
+from .context import ContextParallel
 
 __all__ = [
     "ContextParallel",
     "Traffic",
     "all_gather_with_grad",
     "count_traffic",
-    "enable_context_parallel",
 ]

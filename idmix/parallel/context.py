@@ -16,9 +16,12 @@ boundary, and how:
 
 Every exchange is differentiable (``all_gather_with_grad``), and each depends on the one
 before it (a zero-weight link), so the backward's gradient all-reduces run in one order on
-every rank (the reverse of the forward's), whatever each rank's graph looks like. Other mixers
-(S4D-only, the linear baselines) are refused by name; decoding caches are refused (CP is for
-training and prefill of one long sequence).
+every rank (the reverse of the forward's), whatever each rank's graph looks like.
+
+A model is built for it: ``idmix.models.decoder(…, context_parallel=ContextParallel(group))``
+(every named builder passes it on) gives each layer the ContextParallel as a part, the query
+readouts the split-sequence op. Other mixers (S4D-only, the linear baselines) are refused by
+layer; decoding caches are refused (CP is for training and prefill of one long sequence).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ..functional.collectives import all_gather_with_grad
 from ..functional.context_parallel import interdomain_attention_context_parallel
@@ -114,29 +116,3 @@ class ContextParallel:
                 f"x: {label} gathers equal slices only; the ranks hold {lengths} positions"
             )
         return self.gather(x, label).transpose(0, 1).flatten(1, 2)
-
-
-def enable_context_parallel(model: nn.Module, group=None) -> ContextParallel:
-    """Make each layer of ``model`` (an idmix decoder) run on this rank's slice of the sequence:
-    interdomain and selective interdomain layers (query readouts), softmax layers; any other
-    mixer is refused naming it. Each such mixer gets the ContextParallel as data
-    (``mixer.context_parallel``), which it hands to its parts in forward: its branches (conv
-    halos), positions, and its readout, which then runs the op's split-sequence form
-    (``QueryReadout.op``). Returns the ContextParallel the layers share."""
-    from ..modules import QueryReadout, SoftmaxAttention, SSMMixer
-
-    cp = ContextParallel(group)
-    model.register_forward_pre_hook(cp.new_pass)
-    for i, layer in enumerate(model.layers):
-        mixer = layer.attn
-        if isinstance(mixer, SSMMixer) and isinstance(mixer.readout, QueryReadout):
-            mixer.context_parallel = cp
-        elif isinstance(mixer, SoftmaxAttention):
-            mixer.context_parallel = cp
-        else:
-            raise ValueError(
-                f"model.layers[{i}].attn: {type(mixer).__name__} (readout "
-                f"{type(getattr(mixer, 'readout', None)).__name__}) has no context-parallel form;"
-                " supported: interdomain and selective interdomain layers, softmax attention"
-            )
-    return cp

@@ -27,7 +27,7 @@ from ..io import checkpoint as ckpt
 from ..io.config_checks import fail, resolved
 from ..io.model_description import plain_description, saved_model_description
 from ..io.run_dir import claim_run_dir, stamp_run_id
-from ..parallel import enable_context_parallel
+from ..parallel import ContextParallel
 from . import distributed
 from .callbacks import Callback, MetricLoggers, ProgressBar
 from .optim import param_groups, warmup_cosine
@@ -102,18 +102,36 @@ class Trainer:
         return int(steps)
 
     # set-up -----------------------------------------------------------------------------------
+    def _build_model(self, split: dict):
+        """cfg.model, built for a split sequence when split holds its ``context_parallel``."""
+        try:
+            return config.instantiate(self.cfg.model, **split)
+        except TypeError as e:
+            if split and "context_parallel" in str(e):
+                fail(
+                    f"model: {self.cfg.model.get('_component_')} takes no context_parallel, "
+                    "which context_parallel_size > 1 passes it (idmix.models.decoder does)"
+                )
+            raise
+
     def setup(self) -> None:
         cfg = self.cfg
         path = cfg.tokenizer.get("path")
         if path is not None and not Path(path).is_file():
             fail(f"tokenizer.path: no such file {path!r}")
+        split = {}
+        if self.layout.cp_world > 1:  # the layers are built for this rank's slice of a sequence
+            group = distributed.context_parallel_group(
+                self.world, self.layout.cp_world, self.device
+            )
+            split = {"context_parallel": ContextParallel(group)}
         if self.distributed:  # every rank builds the one-process model (then its own stream)
             torch.manual_seed(cfg.seed)
-            self.model = config.instantiate(cfg.model)
+            self.model = self._build_model(split)
             training.set_seed(seed=cfg.seed)  # seed + rank
         else:
             training.set_seed(seed=cfg.seed)
-            self.model = config.instantiate(cfg.model)
+            self.model = self._build_model(split)
         max_len = getattr(self.model, "max_seq_len", None)
         if max_len is not None and cfg.seq_len > max_len:
             fail(f"seq_len={cfg.seq_len} exceeds the model's max_seq_len={max_len}")
@@ -122,11 +140,6 @@ class Trainer:
         if vocab is not None and self.tokenizer.vocab_size > vocab:
             fail(f"tokenizer vocab_size {self.tokenizer.vocab_size} exceeds the model's {vocab}")
         self.model.to(self.device)
-        if self.layout.cp_world > 1:  # before sharding: the layers learn their process group
-            group = distributed.context_parallel_group(
-                self.world, self.layout.cp_world, self.device
-            )
-            enable_context_parallel(self.model, group)
         if cfg.enable_activation_checkpointing:
             training.set_activation_checkpointing(
                 self.model, auto_wrap_policy={TransformerSelfAttentionLayer}
