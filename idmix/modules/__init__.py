@@ -5,12 +5,11 @@ baseline and the linear baselines (GLA, Mamba-2, Gated DeltaNet)."""
 from .branches import Branch, HeadNorm
 from .cache import KVCache, MatrixStateCache, RecurrentCache
 from .cells import ABLATION_CELLS, ablation_cell
-from .compose import SSM_OPTIONS, SigmoidGate, ssm_mixer
+from .compose import SSM_OPTIONS, InterdomainAttention, S4DMixer, SigmoidGate, ssm_mixer
 from .gated_deltanet import GatedDeltaNet
 from .gated_norm import GatedHeadNorm
 from .gla import GatedLinearAttention
 from .inputs import dual_kv_inputs, generic_inputs
-from .interdomain import InterdomainAttention
 from .linear_state import LinearStateMixer
 from .mamba2 import Mamba2
 from .mixer import SSMMixer
@@ -27,7 +26,6 @@ from .parts import (
 )
 from .readouts import LinearReadout, QueryReadout
 from .registry import MIXERS, register_mixer, resolve_mixer
-from .s4d_mixer import S4DMixer
 from .selective import (
     PerTokenDecayReadout,
     SelectiveInterdomainAttention,

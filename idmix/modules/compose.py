@@ -11,10 +11,10 @@ from dataclasses import fields
 import torch
 from torch import nn
 
-from .inputs import dual_kv_inputs
+from .inputs import dual_kv_inputs, generic_inputs
 from .mixer import SSMMixer
 from .parts import InputsFactory, PartFactory, ReadoutParts, SSMArgs
-from .readouts import QueryReadout
+from .readouts import LinearReadout, QueryReadout
 from .ssm import S4DCore
 
 # every option of ssm_mixer (the settings of SSMArgs besides the sizes)
@@ -69,4 +69,36 @@ def ssm_mixer(
         output_proj=nn.Linear(embed_dim, embed_dim, bias=False),
         calibration=args.calibration,
         context_parallel=args.context_parallel,
+    )
+
+
+def InterdomainAttention(embed_dim: int, num_heads: int, **options) -> SSMMixer:  # noqa: N802
+    """Interdomain Attention, the paper's practical layer (docs/design.md §1): ``ssm_mixer``'s
+    default parts, the dual KV input path [ξ(SC(W_K x)), W_V x] and the query-conditioned
+    readout o = Re(Γᴴ U ξ(q)). A builder named like the layer it builds.
+
+    Options (``SSMArgs``): use_rope (default on), gate (σ(W_g x) ⊙ o, default off),
+    readout_convention "conj" (default) or "product", num_modes M (default 64), chunk_size of
+    the training path, feature_map (default ξ), num_state_groups, rope_position, dt_min,
+    dt_max, a_init, calibration, output_norm, value_conv, rope_base, norm_eps, backend of the
+    core op ("auto", "torch", "triton", or "inductor": its segment math compiled on first use),
+    precision of its matrix products ("auto", "ieee", "tf32", "bf16": docs/precision.md),
+    context_parallel (a ``ContextParallel``: the input is this rank's slice of a sequence).
+    """
+    return ssm_mixer(embed_dim, num_heads, **options)
+
+
+def S4DMixer(embed_dim: int, num_heads: int, *, use_rope: bool = False, **options) -> SSMMixer:  # noqa: N802
+    """The S4D-only baseline (paper §6): generic [a, b] projections, each with SC and N+b, the
+    same complex S4D core with full per-head C, and a linear readout: per channel
+    y = Re(wᵀ C X) with one real w ∈ Rᴹ per head, the a- and b-half outputs summed, then a d×d
+    C_out (``head_mix``), then W_O. Iso-state with InterdomainAttention; H·M more parameters
+    per layer. Options as for ``ssm_mixer`` (no RoPE by default)."""
+    return ssm_mixer(
+        embed_dim,
+        num_heads,
+        inputs=generic_inputs,
+        readout=LinearReadout,
+        use_rope=use_rope,
+        **options,
     )

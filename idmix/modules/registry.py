@@ -15,12 +15,10 @@ from typing import NamedTuple
 from torch import nn
 
 from .cells import ABLATION_CELLS, ablation_cell
-from .compose import SSM_OPTIONS
+from .compose import SSM_OPTIONS, InterdomainAttention, S4DMixer
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
-from .interdomain import InterdomainAttention
 from .mamba2 import Mamba2
-from .s4d_mixer import S4DMixer
 from .selective import SelectiveInterdomainAttention
 from .softmax import SoftmaxAttention
 
