@@ -64,10 +64,10 @@ def layer_inputs(T: int, H: int, selective: bool, seed: int = 0):
     pos, reset = positions_and_resets(None, 1, T, x.device)
     with torch.no_grad():
         (q, a, b), _ = mixer._inputs(x, pos, reset)
-        lam, beta = mixer.ssm.discretized_real()
-        G = mixer.ssm.gram("conj")
+        lam, beta = mixer.core.discretized_real()
+        G = mixer.core.gram("conj")
         if selective:  # Δ_t = Δ · e^{±1}: each token's decay from its own step size
-            core = mixer.ssm
+            core = mixer.core
             wobble = torch.exp(torch.rand(1, T, H, dtype=torch.float64) * 2 - 1)
             lam, beta = discretize_real(
                 torch.exp(core.log_dt) * wobble, core.log_A_real, core.A_imag

@@ -18,8 +18,8 @@ def test_input_path_is_one_kernel_after_the_projection():
     mixer = layer()
 
     def key_path(x, pos):
-        h, _ = mixer.branch_a(x, pos, None)
-        return mixer.norm_a(h)
+        h, _ = mixer.key_branch(x, pos, None)
+        return mixer.key_norm(h)
 
     x, pos = torch.randn(2, 100, 128), torch.arange(100).expand(2, -1)
     with torch.no_grad():
@@ -31,7 +31,7 @@ def test_input_path_is_one_kernel_after_the_projection():
 
 def test_discretisation_and_gram_are_few_kernels():
     """λ, β from (log Re A, Im A, log Δ) in one kernel; Ĝ = Ĉᵀ(±)Ĉ in one batched GEMM."""
-    ssm = layer().ssm
+    ssm = layer().core
 
     def parameters():
         return ssm.discretized_real(), ssm.gram("conj")

@@ -131,8 +131,8 @@ def test_decode_constants_follow_reset_caches():
         torch.compiler.set_stance("fail_on_recompile")
         for m in (model, eager_model):
             for layer in m.layers:
-                layer.attn.ssm.C_re.mul_(1.5)
-                layer.attn.ssm.log_dt.add_(0.5)
+                layer.attn.core.C_re.mul_(1.5)
+                layer.attn.core.log_dt.add_(0.5)
             m.reset_caches()
         got, want = both(10)
         assert_rel(got, want, 1e-4, "after the weights changed")
