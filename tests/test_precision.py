@@ -14,10 +14,10 @@ from idmix.functional.interdomain.numerics import (
     PRECISIONS,
     baddbmm,
     matmul,
-    resolve_precision,
     round_tf32,
     rounded,
 )
+from idmix.functional.interdomain.validation import resolve_precision
 from idmix.modules import InterdomainAttention
 from tests.helpers import make_problem, rel_rmse
 

@@ -28,8 +28,7 @@ from ..functional import (
     s4d_linear_step,
     state_to_interleaved,
 )
-from ..functional.interdomain.numerics import check_precision
-from ..functional.interdomain.validation import check_backend, check_chunk_size
+from ..functional.interdomain.validation import check_backend, check_chunk_size, check_precision
 from .parts import ReadoutParts, SSMArgs
 
 

@@ -1,8 +1,8 @@
 """The core op of Interdomain Attention (docs/design.md §7: which file holds what)."""
 
-from .api import interdomain_attention, to_real_form
+from .api import SharedDecays, TokenDecays, interdomain_attention, to_real_form
 from .decode import empty_state, interdomain_decode_step
-from .layout import SharedDecays, TokenDecays, interleaved_to_state, state_to_interleaved
+from .layout import interleaved_to_state, state_to_interleaved
 from .references import interdomain_attention_closed_form, interdomain_attention_naive
 from .validation import IMPLS
 

@@ -13,15 +13,7 @@ import torch
 
 from ..readout import readout_gram
 from .driver import chunked_forward, selective_forward, shared_on_kernels
-from .layout import (
-    Decays,
-    SharedDecays,
-    TokenDecays,
-    decays_of,
-    interleaved_to_state,
-    state_to_interleaved,
-    varlen,
-)
+from .layout import interleaved_to_state, state_to_interleaved, varlen
 from .numerics import contain_state, poison_output, poison_state, sanitise
 from .references import (
     interdomain_attention_closed_form_real,
@@ -32,6 +24,39 @@ from .selective import SELECTIVE_CHUNK
 from .shared import chunk_decay_inputs
 from .triton_engine import chunked_kernels_forward
 from .validation import State, check_arguments
+
+
+# The decays a call runs with, as typed values (real form, [re, im] last): shared per head, or
+# one per token; each path is chosen by type, never by rank.
+class SharedDecays(NamedTuple):
+    """λ and β shared by every position: lam_ri, beta_ri (H, M, 2)."""
+
+    lam_ri: torch.Tensor
+    beta_ri: torch.Tensor
+
+    def at(self, t: int) -> SharedDecays:
+        """The decays of position t: the same at every position."""
+        return self
+
+
+class TokenDecays(NamedTuple):
+    """Per-token (selective) λ_t and β_t: lam_ri, beta_ri (B, T, H, M, 2)."""
+
+    lam_ri: torch.Tensor
+    beta_ri: torch.Tensor
+
+    def at(self, t: int) -> TokenDecays:
+        """The decays of position t, (B, H, M, 2) each (per row)."""
+        return TokenDecays(self.lam_ri[:, t], self.beta_ri[:, t])
+
+
+Decays = SharedDecays | TokenDecays
+
+
+def decays_of(lam_ri: torch.Tensor, beta_ri: torch.Tensor) -> Decays:
+    """The typed decays of checked real-form tensors: (H, M, 2) shared, (B, T, H, M, 2) per
+    token (``validation.check_real_params`` has checked the shapes)."""
+    return (TokenDecays if lam_ri.dim() == 5 else SharedDecays)(lam_ri, beta_ri)
 
 
 class Options(NamedTuple):

@@ -35,26 +35,6 @@ PRECISIONS = ("auto", "ieee", "tf32", "bf16")
 GPU_DEFAULT = "tf32"
 
 
-def check_precision(precision) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
-
-
-def resolve_precision(precision: str, x: torch.Tensor) -> str:
-    """The concrete precision ("ieee", "tf32" or "bf16") for inputs like x."""
-    check_precision(precision)
-    if x.dtype == torch.float64:
-        if precision not in ("auto", "ieee"):
-            raise ValueError(
-                f"precision: {precision!r} rounds fp32 products; fp64 inputs compute in fp64 "
-                "(use 'auto' or 'ieee')"
-            )
-        return "ieee"
-    if precision == "auto":
-        return GPU_DEFAULT if x.is_cuda else "ieee"
-    return precision
-
-
 def round_tf32(x: torch.Tensor) -> torch.Tensor:
     """x (fp32) rounded to TF32 (10 mantissa bits), to nearest with ties away from zero: what
     the kernels do before a TF32 product (kernels/tiles.py ``operand``; left alone, the tensor

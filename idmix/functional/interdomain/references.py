@@ -4,14 +4,17 @@ interleaved state); the O(T²) closed form; T applications of the decode step.""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from ..powers import complex_powers
 from .decode import torch_step
-from .layout import Decays, as_complex, as_interleaved
+from .layout import as_complex, as_interleaved
 from .validation import State
+
+if TYPE_CHECKING:
+    from .api import Decays
 
 
 def interdomain_attention_naive(

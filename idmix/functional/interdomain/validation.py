@@ -11,7 +11,7 @@ import torch.autograd.forward_ad as fwAD
 
 from ...debug import check_values, functorch_transforms
 from ..readout import READOUTS
-from .numerics import resolve_precision
+from .numerics import GPU_DEFAULT, PRECISIONS
 
 State = tuple[torch.Tensor, torch.Tensor]
 # Every op: "auto" picks triton for CUDA fp32 tensors; "inductor" is "torch" with the chunked
@@ -144,6 +144,26 @@ def check_backend(backend, x: torch.Tensor | None = None) -> None:
         )
 
 
+def check_precision(precision) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+
+
+def resolve_precision(precision: str, x: torch.Tensor) -> str:
+    """The concrete precision ("ieee", "tf32" or "bf16") for inputs like x."""
+    check_precision(precision)
+    if x.dtype == torch.float64:
+        if precision not in ("auto", "ieee"):
+            raise ValueError(
+                f"precision: {precision!r} rounds fp32 products; fp64 inputs compute in fp64 "
+                "(use 'auto' or 'ieee')"
+            )
+        return "ieee"
+    if precision == "auto":
+        return GPU_DEFAULT if x.is_cuda else "ieee"
+    return precision
+
+
 def check_reset(reset, B: int, T: int) -> None:
     if reset is not None and not isinstance(reset, torch.Tensor):
         raise TypeError(
@@ -219,7 +239,8 @@ def check_transforms(op: str, path: str, remedy: str, *tensors) -> None:
     """
     if torch.compiler.is_compiling():
         return
-    for name in functorch_transforms():
+    active = functorch_transforms() if torch._C._are_functorch_transforms_active() else ()
+    for name in active:
         if name in _TRANSFORMS:
             raise NotImplementedError(
                 f"{op}: {_TRANSFORMS[name]} is not supported by {path}; {remedy}"
