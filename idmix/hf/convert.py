@@ -95,6 +95,17 @@ def convert(checkpoint, out_dir, tokenizer=None, overwrite=False) -> Path:
     return save_hf(saved["model"], saved["model_config"], out_dir, tokenizer, overwrite)
 
 
+def convert_run(run_dir, tokenizer=None) -> Path:
+    """run_dir/hf: the Hugging Face directory of run_dir/model_final.pt (what a training run
+    writes at its end), replacing an earlier one; with the tokenizer when it is one of idmix's
+    BPEs, else without one, saying so."""
+    run_dir = Path(run_dir)
+    if tokenizer is not None and not isinstance(tokenizer, tokenizers.BPETokenizer):
+        print(f"hf/: no tokenizer saved ({type(tokenizer).__name__} is not an idmix BPE)")
+        tokenizer = None
+    return convert(run_dir / "model_final.pt", run_dir / "hf", tokenizer, overwrite=True)
+
+
 def load_tokenizer(spec: str, vocab_size: int):
     """spec: "none", a builder of idmix.io.tokenizer trained for vocab_size
     ("shakespeare_bpe", "python_stdlib_bpe") or the path of a tokenizers JSON file."""

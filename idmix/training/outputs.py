@@ -11,7 +11,6 @@ from pathlib import Path
 from ..io import checkpoint as ckpt
 from ..io.files import atomic_write_json
 from ..io.model_description import plain_description
-from ..io.tokenizer import BPETokenizer
 from ..io.trust import trusting_own_builders
 from .plots import plot_history
 
@@ -44,21 +43,17 @@ def export_final_model(out: Path, model, model_config: dict, tokenizer=None, hf=
     ckpt.export_model(out / "model_final.pt", model, model_config)
     if hf:
         with trusting_own_builders(model_config):  # the run has just built them
-            ckpt.on_rank0(lambda: export_hf(out, tokenizer))
+            ckpt.on_rank0(lambda: _export_hf(out, tokenizer))
 
 
-def export_hf(out: Path, tokenizer=None) -> None:
-    """out/hf: the Hugging Face directory of out/model_final.pt (``idmix.hf.convert``), with
-    the tokenizer when it is one of idmix's BPEs; skipped, saying so, without transformers."""
+def _export_hf(out: Path, tokenizer) -> None:
+    """out/hf by ``idmix.hf.convert.convert_run``; skipped, saying so, without transformers."""
     if importlib.util.find_spec("transformers") is None:
         print("no hf/ directory: transformers is not installed (pip install 'idmix[hf]')")
         return
-    from ..hf.convert import convert
+    from ..hf.convert import convert_run
 
-    if not isinstance(tokenizer, BPETokenizer):
-        print(f"hf/: no tokenizer saved ({type(tokenizer).__name__} is not an idmix BPE)")
-        tokenizer = None
-    convert(out / "model_final.pt", out / "hf", tokenizer, overwrite=True)
+    convert_run(out, tokenizer)
 
 
 def summary_text(out, history: list[dict], step: int, world: int, tokens: int, seconds: float):
