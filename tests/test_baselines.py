@@ -13,7 +13,7 @@ from idmix.models.baselines import HYBRID_EVERY
 from idmix.models.state_size import recurrent_state_floats
 from idmix.modules import SoftmaxAttention
 
-BASELINES = ["gla", "mamba2", "gated_deltanet"]
+BASELINES = ["gla", "mamba2", "gated_deltanet", "mamba3"]
 SCALES = ["tiny", "small"]
 
 
@@ -38,7 +38,7 @@ def test_baselines_match_interdomain_in_state_and_parameters(reference, mixer, s
 
 
 @pytest.mark.parametrize("scale", SCALES)
-@pytest.mark.parametrize("mixer", ["interdomain", *BASELINES])
+@pytest.mark.parametrize("mixer", ["interdomain", "gla", "mamba2", "gated_deltanet"])
 def test_hybrids_place_softmax_every_kth_layer_at_matched_parameters(reference, mixer, scale):
     model = getattr(models, f"hybrid_{mixer}_{scale}")()
     every = HYBRID_EVERY[scale]

@@ -24,6 +24,7 @@ BUILDS = {
     "gla": ("gla", {"chunk_size": 16}),
     "mamba2": ("mamba2", {"chunk_size": 16}),
     "gated_deltanet": ("gated_deltanet", {"chunk_size": 16}),
+    "mamba3": ("mamba3", {"chunk_size": 16}),
     "hybrid": ("gated_deltanet", {"chunk_size": 16, "softmax_every": 2}),
 }
 MIXERS = list(BUILDS)

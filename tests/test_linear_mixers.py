@@ -1,6 +1,6 @@
-"""The linear baselines as layers (GLA, Mamba-2, Gated DeltaNet): the chunked layer equals the
-per-step one (outputs and every parameter's gradient, fp64), T = 1, document resets, the cache
-contract, compile, the registry and bad options. Decoding through whole models, packed
+"""The linear baselines as layers (GLA, Mamba-2, Gated DeltaNet, Mamba-3): the chunked layer
+equals the per-step one (outputs and every parameter's gradient, fp64), T = 1, document resets,
+the cache contract, compile, the registry and bad options. Decoding through whole models, packed
 documents and ragged generation are in tests/test_decoding.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from idmix.modules import (
     GatedDeltaNet,
     GatedLinearAttention,
     Mamba2,
-    MatrixStateCache,
+    Mamba3,
     resolve_mixer,
 )
 
@@ -26,6 +26,7 @@ LAYERS = {
     "gla_conv": lambda: GatedLinearAttention(D, H, conv_size=4, chunk_size=8),
     "mamba2": lambda: Mamba2(D, H, state_dim=16, chunk_size=8),
     "gated_deltanet": lambda: GatedDeltaNet(D, H, chunk_size=8),
+    "mamba3": lambda: Mamba3(D, H, state_dim=16, chunk_size=8),
 }
 
 
@@ -68,16 +69,17 @@ def test_token_by_token_decoding_equals_the_forward_state_included(name):
     x = torch.randn(2, 13, D)
     full = m(x)
     m.setup_cache(2, torch.float32)
-    assert isinstance(m.kv_cache, MatrixStateCache)
-    assert m.kv_cache.state.shape == (2, H, m.key_dim, m.value_dim)
+    K, V = (m.state_dim, m.head_dim) if name == "mamba3" else (m.key_dim, m.value_dim)
+    assert m.kv_cache.state.shape == (2, H, K, V)
     steps = torch.cat([m(x[:, t : t + 1], input_pos=torch.full((2, 1), t)) for t in range(13)], 1)
-    S_steps = m.kv_cache.state.clone()
+    cache_steps = m.kv_cache.to_tensordict().clone()  # every part (Mamba-3's carries too)
     m.reset_cache()
-    assert m.kv_cache.state.abs().sum() == 0
+    assert all(t.abs().sum() == 0 for t in m.kv_cache.to_tensordict().values())
     prefill = torch.cat([m(x[:, :9]), m(x[:, 9:])], 1)  # chunked prefill, then the rest
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(prefill, full, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(S_steps, m.kv_cache.state, atol=1e-5, rtol=1e-5)
+    for key, part in cache_steps.items():
+        torch.testing.assert_close(part, m.kv_cache.to_tensordict()[key], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", list(LAYERS))
@@ -92,7 +94,7 @@ def test_a_document_start_in_the_cache_forgets_the_previous_one(name):
     torch.testing.assert_close(fresh, m(x), atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["gla", "mamba2", "gated_deltanet"])
+@pytest.mark.parametrize("name", ["gla", "mamba2", "gated_deltanet", "mamba3"])
 def test_the_layer_compiles_whole(name):
     m = layer(name, torch.float32)
     x = torch.randn(2, 19, D)
@@ -112,7 +114,11 @@ def test_bf16_inputs_keep_an_fp32_state():
 
 @pytest.mark.parametrize(
     "name, options",
-    [("gla", {"key_dim": 16, "value_dim": 24}), ("mamba2", {"expand": 1, "state_dim": 8})],
+    [
+        ("gla", {"key_dim": 16, "value_dim": 24}),
+        ("mamba2", {"expand": 1, "state_dim": 8}),
+        ("mamba3", {"expand": 1, "state_dim": 8}),
+    ],
 )
 def test_state_shape_follows_the_options(name, options):
     build, kept = resolve_mixer(name, {**options, "num_modes": 16, "rope_position": "last"})
@@ -133,6 +139,9 @@ def test_state_shape_follows_the_options(name, options):
         ("mamba2", {"dt_min": 0.5, "dt_max": 0.1}, "dt_min"),
         ("gated_deltanet", {"chunk_size": 0}, "chunk_size"),
         ("gated_deltanet", {"value_dim": 2.5}, "value_dim"),
+        ("mamba3", {"rope_fraction": 0.3}, "rope_fraction"),
+        ("mamba3", {"dt_min": 0.5, "dt_max": 0.1}, "dt_min"),
+        ("mamba3", {"expand": 1, "embed_dim": 30}, "expand"),
     ],
 )
 def test_bad_options_are_named(name, options, field):

@@ -1,10 +1,11 @@
-"""The modern linear baselines (GLA, Mamba-2, Gated DeltaNet) and hybrid stacks at the CPU sizes.
+"""The modern linear baselines (GLA, Mamba-2, Gated DeltaNet, Mamba-3) and hybrid stacks at the CPU
+sizes.
 
 Each baseline is matched to ``interdomain_{tiny,small}``: its recurrent state per layer holds
 the same number of floats (within 5%) and the model the same number of parameters (within
 ±1%). The heads are the interdomain model's (4 of d/4); GLA and Gated DeltaNet take keys of
-d/4 and values of 2d/4 per head, Mamba-2 its standard expand 2 with the state width N that
-matches the state; every baseline's mixer is wider than interdomain's, so its SwiGLU width
+d/4 and values of 2d/4 per head, Mamba-2 and Mamba-3 their standard expand 2 with the state
+width N that matches the state; every baseline's mixer is wider than interdomain's, so its SwiGLU width
 (``intermediate_dim``) is narrower, chosen to match the parameters. docs/baselines.md has the
 table; tests/test_baselines.py checks both matches.
 
@@ -24,6 +25,8 @@ MATCHED = {
     ("mamba2", "small"): {"expand": 2, "state_dim": 64, "intermediate_dim": 560},
     ("gated_deltanet", "tiny"): {"value_dim": 64, "intermediate_dim": 216},
     ("gated_deltanet", "small"): {"value_dim": 128, "intermediate_dim": 432},
+    ("mamba3", "tiny"): {"expand": 2, "state_dim": 32, "intermediate_dim": 280},
+    ("mamba3", "small"): {"expand": 2, "state_dim": 64, "intermediate_dim": 560},
 }
 # the hybrid's softmax layers: every k-th at each scale
 HYBRID_EVERY = {"tiny": 2, "small": 4}
@@ -91,6 +94,18 @@ def gated_deltanet_small(**overrides):
 
 
 @_named
+def mamba3_tiny(**overrides):
+    """Mamba-3 (SISO), tiny, matched to interdomain_tiny (state and parameters)."""
+    return _baseline("mamba3", "tiny", overrides)
+
+
+@_named
+def mamba3_small(**overrides):
+    """Mamba-3 (SISO), small, matched to interdomain_small (state and parameters)."""
+    return _baseline("mamba3", "small", overrides)
+
+
+@_named
 def hybrid_interdomain_tiny(**overrides):
     """Interdomain with softmax attention in layer 1 of 2 (tiny; parameters as interdomain's)."""
     return _hybrid("interdomain", "tiny", overrides)
@@ -147,6 +162,8 @@ __all__ = [  # the builders only (idmix.models.__all__ lists what configs may na
     "mamba2_small",
     "gated_deltanet_tiny",
     "gated_deltanet_small",
+    "mamba3_tiny",
+    "mamba3_small",
     "hybrid_interdomain_tiny",
     "hybrid_interdomain_small",
     "hybrid_gla_tiny",

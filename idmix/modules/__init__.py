@@ -3,7 +3,7 @@
 baseline and the linear baselines (GLA, Mamba-2, Gated DeltaNet)."""
 
 from .branches import Branch, HeadNorm
-from .cache import KVCache, MatrixStateCache, RecurrentCache
+from .cache import KVCache, Mamba3Cache, MatrixStateCache, RecurrentCache
 from .cells import ABLATION_CELLS, ablation_cell
 from .compose import SSM_OPTIONS, InterdomainAttention, S4DMixer, SigmoidGate, ssm_mixer
 from .gated_deltanet import GatedDeltaNet
@@ -12,6 +12,7 @@ from .gla import GatedLinearAttention
 from .inputs import dual_kv_inputs, generic_inputs
 from .linear_state import LinearStateMixer
 from .mamba2 import Mamba2
+from .mamba3 import Mamba3
 from .mixer import SSMMixer
 from .parts import (
     Core,
@@ -53,6 +54,8 @@ __all__ = [
     "LinearReadout",
     "LinearStateMixer",
     "Mamba2",
+    "Mamba3",
+    "Mamba3Cache",
     "MatrixStateCache",
     "PartFactory",
     "PerTokenDecayReadout",

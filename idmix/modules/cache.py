@@ -139,3 +139,33 @@ class KVCache:
             length=torch.zeros(batch_size, dtype=torch.long, device=device),
             batch_size=[batch_size],
         )
+
+
+@tensorclass
+class Mamba3Cache:
+    """Mamba-3's decoding state (fp32), constant in the context: state (B, H, N, P) h; k
+    (B, H, N) and x (B, H, P) the previous token's rotated key and value (the trapezoid's second
+    term); angle (B, H, S) the running rotation angles."""
+
+    state: torch.Tensor
+    k: torch.Tensor
+    x: torch.Tensor
+    angle: torch.Tensor
+
+    @classmethod
+    def empty(cls, batch_size, num_heads, state_dim, head_dim, num_angles, device=None):
+        B, H = batch_size, num_heads
+        zeros = lambda *shape: torch.zeros(*shape, device=device)  # noqa: E731
+        return cls(
+            zeros(B, H, state_dim, head_dim), zeros(B, H, state_dim), zeros(B, H, head_dim),
+            zeros(B, H, num_angles), batch_size=[batch_size],
+        )  # fmt: skip
+
+    def check_batch(self, B: int) -> None:
+        """A layer input of B rows fits this cache (its batch size)."""
+        _check_batch(self.state.shape[0], B)
+
+    def reset_rows(self, rows: torch.Tensor) -> None:
+        """Zero every part where rows (B,) is True (a new document starts)."""
+        for part in (self.state, self.k, self.x, self.angle):
+            part.copy_(torch.where(rows.view(-1, *[1] * (part.dim() - 1)), 0, part))

@@ -2,7 +2,7 @@
 one table ``idmix.models.decoder(mixer=<name>)`` and configs (``model.mixer=s4d``) read.
 
 Each entry says which options it takes, so a config typo fails naming the key; the softmax
-and linear baselines (GLA, Mamba-2, Gated DeltaNet) take the SSM options too and drop those
+and linear baselines (GLA, Mamba-2, Gated DeltaNet, Mamba-3) take the SSM options too and drop those
 they do not share (one config line can switch mixers).
 """
 
@@ -19,6 +19,7 @@ from .compose import SSM_OPTIONS, InterdomainAttention, S4DMixer
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
 from .mamba2 import Mamba2
+from .mamba3 import Mamba3
 from .selective import SelectiveInterdomainAttention
 from .softmax import SoftmaxAttention
 
@@ -56,6 +57,10 @@ MIXERS: dict[str, MixerEntry] = {
             "gla": (GatedLinearAttention, _LINEAR | {"gate_rank"}),
             "mamba2": (Mamba2, _SHARED | {"expand", "state_dim", "conv_size", "dt_min", "dt_max"}),
             "gated_deltanet": (GatedDeltaNet, _LINEAR | {"dt_min", "dt_max"}),
+            "mamba3": (
+                Mamba3,
+                _SHARED | {"expand", "state_dim", "rope_fraction", "dt_min", "dt_max"},
+            ),
         }.items()
     },
 }
