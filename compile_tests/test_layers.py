@@ -12,6 +12,7 @@ from compile_tests.golden import check, compiled, counter
 from idmix.modules import (
     ABLATION_CELLS,
     InterdomainAttention,
+    Mamba3CoreInterdomainAttention,
     S4DMixer,
     SoftmaxAttention,
     ablation_cell,
@@ -23,6 +24,9 @@ MIXERS = {
     "interdomain": lambda: InterdomainAttention(D_MODEL, HEADS, num_modes=8, chunk_size=16),
     "s4d": lambda: S4DMixer(D_MODEL, HEADS, num_modes=8),
     "softmax": lambda: SoftmaxAttention(D_MODEL, HEADS),
+    "interdomain_mamba3": lambda: Mamba3CoreInterdomainAttention(
+        D_MODEL, HEADS, num_modes=8, chunk_size=16
+    ),
     "interdomain_grouped": lambda: InterdomainAttention(
         D_MODEL, HEADS, num_modes=8, chunk_size=16, num_state_groups=1
     ),

@@ -25,6 +25,7 @@ BUILDS = {
     "mamba2": ("mamba2", {"chunk_size": 16}),
     "gated_deltanet": ("gated_deltanet", {"chunk_size": 16}),
     "mamba3": ("mamba3", {"chunk_size": 16}),
+    "interdomain_mamba3": ("interdomain_mamba3", {"chunk_size": 16}),
     "hybrid": ("gated_deltanet", {"chunk_size": 16, "softmax_every": 2}),
 }
 MIXERS = list(BUILDS)

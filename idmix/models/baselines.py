@@ -5,9 +5,9 @@ Each baseline is matched to ``interdomain_{tiny,small}``: its recurrent state pe
 the same number of floats (within 5%) and the model the same number of parameters (within
 ±1%). The heads are the interdomain model's (4 of d/4); GLA and Gated DeltaNet take keys of
 d/4 and values of 2d/4 per head, Mamba-2 and Mamba-3 their standard expand 2 with the state
-width N that matches the state; every baseline's mixer is wider than interdomain's, so its SwiGLU width
-(``intermediate_dim``) is narrower, chosen to match the parameters. docs/baselines.md has the
-table; tests/test_baselines.py checks both matches.
+width N that matches the state; every baseline's mixer is wider than interdomain's, so its
+SwiGLU width (``intermediate_dim``) is narrower, chosen to match the parameters.
+docs/baselines.md has the table; tests/test_baselines.py checks both matches.
 
 Hybrids put softmax attention in every k-th layer (``decoder(softmax_every=k)``): one in two at
 ``tiny`` (2 layers), one in four at ``small`` (4 layers).

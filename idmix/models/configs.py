@@ -217,6 +217,29 @@ def selective_interdomain_small(**overrides):
     return _cpu("selective_interdomain", "small", overrides)
 
 
+# the SwiGLU width that keeps interdomain_mamba3 within ±0.2% of interdomain's parameters (its
+# readout adds 2·d_h·(M + 3) + 1 per head and layer)
+MAMBA3_CORE_WIDTH = {"tiny": 368, "small": 744}
+
+
+@_named
+def interdomain_mamba3_tiny(**overrides):
+    """Interdomain Attention on a Mamba-3 core, tiny (CPU size; interdomain_tiny's state and
+    parameters)."""
+    return _cpu(
+        "interdomain_mamba3", "tiny", {"intermediate_dim": MAMBA3_CORE_WIDTH["tiny"], **overrides}
+    )
+
+
+@_named
+def interdomain_mamba3_small(**overrides):
+    """Interdomain Attention on a Mamba-3 core, small (CPU size; interdomain_small's state and
+    parameters)."""
+    return _cpu(
+        "interdomain_mamba3", "small", {"intermediate_dim": MAMBA3_CORE_WIDTH["small"], **overrides}
+    )
+
+
 def ablation_125m(cell: str, **overrides):
     """One of the six Table 4 cells at 125M."""
     return paper_model(cell, "125m", **overrides)

@@ -13,6 +13,7 @@ from .inputs import dual_kv_inputs, generic_inputs
 from .linear_state import LinearStateMixer
 from .mamba2 import Mamba2
 from .mamba3 import Mamba3
+from .mamba3_core import Mamba3CoreInterdomainAttention, Mamba3CoreReadout
 from .mixer import SSMMixer
 from .parts import (
     Core,
@@ -56,6 +57,8 @@ __all__ = [
     "Mamba2",
     "Mamba3",
     "Mamba3Cache",
+    "Mamba3CoreInterdomainAttention",
+    "Mamba3CoreReadout",
     "MatrixStateCache",
     "PartFactory",
     "PerTokenDecayReadout",

@@ -126,7 +126,7 @@ class SSMMixer(CachedMixer):
         self.kv_cache = RecurrentCache.empty(
             batch_size,
             self.num_state_groups,
-            self.num_modes,
+            self.num_modes + getattr(self.readout, "carried_modes", 0),  # a readout's carries
             self.head_dim,
             self.head_dim,
             shapes,

@@ -20,6 +20,7 @@ from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
 from .mamba2 import Mamba2
 from .mamba3 import Mamba3
+from .mamba3_core import Mamba3CoreInterdomainAttention
 from .selective import SelectiveInterdomainAttention
 from .softmax import SoftmaxAttention
 
@@ -44,6 +45,7 @@ MIXERS: dict[str, MixerEntry] = {
     "interdomain": MixerEntry(InterdomainAttention, SSM_OPTIONS),
     "s4d": MixerEntry(S4DMixer, SSM_OPTIONS),
     "selective_interdomain": MixerEntry(SelectiveInterdomainAttention, SSM_OPTIONS),
+    "interdomain_mamba3": MixerEntry(Mamba3CoreInterdomainAttention, SSM_OPTIONS),
     "softmax": MixerEntry(
         SoftmaxAttention, SSM_OPTIONS, frozenset({"rope_base", "use_rope", "context_parallel"})
     ),
