@@ -189,6 +189,17 @@ def outputs_and_grads(run, p, **kw):
     return o, S, dict(zip(leaves, grads, strict=True))
 
 
+def assert_outputs_and_grads_match(got, ref, tol: float, worst: float) -> None:
+    """Two outputs_and_grads results agree: the output, the final state and every gradient, each
+    within relative RMSE tol and worst position worst."""
+    (o, S, g), (o_ref, S_ref, g_ref) = got, ref
+    assert_rel(o, o_ref, tol, "output", worst)
+    assert_rel(S, S_ref, tol, "final state", worst)
+    assert g.keys() == g_ref.keys()
+    for name in g_ref:
+        assert_rel(g[name], g_ref[name], tol, f"d{name}", worst)
+
+
 def run_in_two_parts(run, p, per_token, cut, reset, **kw):
     """run on [0, cut) then on [cut, T) from the carried state: (o, final state). per_token:
     the names of p's (B, T, ...) inputs; the rest pass whole, initial_state is carried."""

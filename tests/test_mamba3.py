@@ -17,7 +17,13 @@ from idmix.functional.mamba3 import (
     mamba3_naive,
     mamba3_step,
 )
-from tests.helpers import assert_rel, outputs_and_grads, random_resets, reset_mask
+from tests.helpers import (
+    assert_outputs_and_grads_match,
+    assert_rel,
+    outputs_and_grads,
+    random_resets,
+    reset_mask,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -80,15 +86,6 @@ def run(p, **kw):
     return y, flat(state)
 
 
-def assert_matches(got, ref, tol=TOL64, worst=MAX64):
-    (y, S, g), (y_ref, S_ref, g_ref) = got, ref
-    assert_rel(y, y_ref, tol, "y", worst)
-    assert_rel(S, S_ref, tol, "final state", worst)
-    assert g.keys() == g_ref.keys()
-    for name in g_ref:
-        assert_rel(g[name], g_ref[name], tol, f"d{name}", worst)
-
-
 LADDER = [
     (dict(T=1), 8, ()),
     (dict(T=7), 4, ((0, 3),)),
@@ -107,7 +104,7 @@ def test_chunked_matches_naive_fp64(kw, chunk_size, reset_at):
     reset = reset_mask(p["q"].shape[0], p["q"].shape[1], *reset_at) if reset_at else None
     ref = outputs_and_grads(run, p, reset=reset, impl="naive")
     got = outputs_and_grads(run, p, reset=reset, chunk_size=chunk_size)
-    assert_matches(got, ref)
+    assert_outputs_and_grads_match(got, ref, TOL64, MAX64)
 
 
 def _complex_ssm(p, reset=None):

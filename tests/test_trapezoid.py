@@ -12,7 +12,13 @@ import torch
 
 from idmix.functional import interdomain_attention
 from idmix.functional.trapezoid import TrapezoidState, trapezoid_attention, trapezoid_step
-from tests.helpers import assert_rel, outputs_and_grads, random_resets, reset_mask
+from tests.helpers import (
+    assert_outputs_and_grads_match,
+    assert_rel,
+    outputs_and_grads,
+    random_resets,
+    reset_mask,
+)
 
 # Measured (the LADDER cases, float64, chunked vs naive): relative RMSE ≤ 8.4e-16 for o, the
 # final state and every gradient, worst position ≤ 6.7e-15 of the reference's RMS; bounds ≥ 100×.
@@ -105,12 +111,7 @@ def test_chunked_matches_naive_fp64(kw, chunk_size, reset_at, bounds):
     reset = reset_mask(p["q"].shape[0], p["q"].shape[1], *reset_at) if reset_at else None
     ref = outputs_and_grads(run, p, reset=reset, impl="naive")
     got = outputs_and_grads(run, p, reset=reset, chunk_size=chunk_size)
-    (o, S, g), (o_ref, S_ref, g_ref) = got, ref
-    assert_rel(o, o_ref, tol, "o", worst)
-    assert_rel(S, S_ref, tol, "final state", worst)
-    assert g.keys() == g_ref.keys()
-    for name in g_ref:
-        assert_rel(g[name], g_ref[name], tol, f"d{name}", worst)
+    assert_outputs_and_grads_match(got, ref, tol, worst)
 
 
 def test_without_the_older_end_it_is_the_per_token_interdomain_op():
