@@ -17,6 +17,7 @@ from idmix.functional.gated_linear import (
     gated_linear_attention_naive,
 )
 from tests.helpers import (
+    assert_outputs_and_grads_match,
     assert_rel,
     outputs_and_grads,
     reset_mask,
@@ -76,12 +77,7 @@ def run_with_grads(p, **kw):
 
 def assert_matches(a, b, tol=TOL64, max_tol=MAX64):
     """Two run_with_grads results agree: o, S_T and every gradient."""
-    (o, S, g), (o_ref, S_ref, g_ref) = a, b
-    assert_rel(o, o_ref, tol, "o", max_tol)
-    assert_rel(S, S_ref, tol, "final state", max_tol)
-    assert g.keys() == g_ref.keys()
-    for name in g_ref:
-        assert_rel(g[name], g_ref[name], tol, f"d{name}", max_tol)
+    assert_outputs_and_grads_match(a, b, tol, max_tol)
 
 
 # (name, problem kwargs, chunk_size, reset positions). Chunks of more than 16 tokens split into

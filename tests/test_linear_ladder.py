@@ -21,6 +21,7 @@ from idmix.functional.delta_rule import gated_delta_rule
 from idmix.functional.gated_linear import chunked as gl_chunked
 from idmix.functional.gated_linear import gated_linear_attention
 from tests.helpers import (
+    assert_outputs_and_grads_match,
     assert_rel,
     outputs_and_grads,
     random_resets,
@@ -130,12 +131,7 @@ OPS = {
 
 def assert_matches(op: Op, got, ref):
     """Two outputs_and_grads results agree: o, S_T and every gradient, within op.tol64."""
-    (o, S, g), (o_ref, S_ref, g_ref) = got, ref
-    assert_rel(o, o_ref, op.tol64[0], "o", op.tol64[1])
-    assert_rel(S, S_ref, op.tol64[0], "final state", op.tol64[1])
-    assert g.keys() == g_ref.keys()
-    for name in g_ref:
-        assert_rel(g[name], g_ref[name], op.tol64[0], f"d{name}", op.tol64[1])
+    assert_outputs_and_grads_match(got, ref, *op.tol64)
 
 
 LADDER_CASES = [

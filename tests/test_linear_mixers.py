@@ -14,6 +14,8 @@ from idmix.modules import (
     GatedLinearAttention,
     Mamba2,
     Mamba3,
+    Mamba3Cache,
+    MatrixStateCache,
     resolve_mixer,
 )
 
@@ -69,7 +71,9 @@ def test_token_by_token_decoding_equals_the_forward_state_included(name):
     x = torch.randn(2, 13, D)
     full = m(x)
     m.setup_cache(2, torch.float32)
-    K, V = (m.state_dim, m.head_dim) if name == "mamba3" else (m.key_dim, m.value_dim)
+    mamba3 = name == "mamba3"
+    assert isinstance(m.kv_cache, Mamba3Cache if mamba3 else MatrixStateCache)
+    K, V = (m.state_dim, m.head_dim) if mamba3 else (m.key_dim, m.value_dim)
     assert m.kv_cache.state.shape == (2, H, K, V)
     steps = torch.cat([m(x[:, t : t + 1], input_pos=torch.full((2, 1), t)) for t in range(13)], 1)
     cache_steps = m.kv_cache.to_tensordict().clone()  # every part (Mamba-3's carries too)

@@ -12,6 +12,7 @@ an AMX host; a misplaced tensor moves them by ~0.1)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -144,6 +145,11 @@ def test_the_command_never_replaces_and_leaves_nothing_half_written(tmp_path):
     (broken / "notes.txt").write_text("kept")
     (broken / "checkpoints" / "x.pt").write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="x.pt"):
+        upgrade(broken, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "taken.pt"]
+    (broken / "checkpoints" / "x.pt").unlink()
+    os.mkfifo(broken / "pipe")  # copying it would block on a reader
+    with pytest.raises(ValueError, match="pipe.*not a regular file"):
         upgrade(broken, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "taken.pt"]
     done = subprocess.run(

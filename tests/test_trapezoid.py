@@ -189,7 +189,7 @@ def test_fullgraph_compile_matches_eager():
 
 
 BAD = [
-    (dict(g=torch.zeros(2, 5, 3)), ValueError, r"g: expected \(B, T, H\)"),
+    (dict(g=torch.zeros(2, 5, 3)), ValueError, r"g: expected shape \(B, T, H\)"),
     (dict(rate=torch.zeros(2, 5, 2)), ValueError, r"lam: expected"),
     (dict(initial_state=(torch.zeros(1), torch.zeros(1))), ValueError, r"initial_state.Z"),
     (dict(impl="fast"), ValueError, r"impl: expected one of"),

@@ -28,8 +28,9 @@ from typing import NamedTuple
 
 import torch
 
+from .chunking import check_gate, check_qkv
 from .interdomain.api import interdomain_attention
-from .interdomain.layout import as_complex, as_interleaved
+from .interdomain.decode import torch_step
 from .interdomain.validation import check_real_params, check_reset
 
 IMPLS = ("chunked", "naive")
@@ -45,18 +46,10 @@ class TrapezoidState(NamedTuple):
 def _check(q, k, v, lam_ri, g, b, G_hat, initial_state, reset, impl) -> tuple[int, ...]:
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            raise ValueError(f"{name}: expected a 4-dim tensor (B, T, H, ·)")
-    B, T, H, R = q.shape
-    D = v.shape[-1]
-    if k.shape != q.shape or v.shape[:3] != (B, T, H):
-        raise ValueError(f"k, v: expected k like q {tuple(q.shape)} and v (B, T, H, D)")
+    B, T, H, R, D = check_qkv(q, k, v)
     M = check_real_params(lam_ri, lam_ri, G_hat, H, lead=(B, T), names=("lam", "lam", "G_hat"))
     for name, x in (("g", g), ("b", b)):
-        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (B, T, H):
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name}: expected (B, T, H) = {(B, T, H)}, got {shape}")
+        check_gate(name, x, ((B, T, H),), f"(B, T, H) = {(B, T, H)}")
     if initial_state is not None:
         if not isinstance(initial_state, tuple) or len(initial_state) != 2:
             raise TypeError("initial_state: expected a TrapezoidState (Z, z) or None")
@@ -105,20 +98,14 @@ def _chunked(q, k, v, lam_ri, g, b, G_hat, state: TrapezoidState, reset, **optio
 
 def trapezoid_step(q, k, v, lam_ri, g, b, G_hat, state: TrapezoidState):
     """One token of every row, in the state's dtype: q, k (B, H, R); v (B, H, D); lam_ri
-    (B, H, M, 2); g, b (B, H); G_hat (H, 2M, 2M). Returns (o (B, H, D), the next state)."""
-    rdtype, R = state.Z.dtype, q.shape[-1]
-    lam = torch.view_as_complex(lam_ri.to(rdtype).contiguous())[:, :, None]  # (B, H, 1, M)
-    z = torch.cat((k, v), -1).to(rdtype)[..., None]  # (B, H, R+D, 1)
-    X = as_complex(state.Z)
-    X = (
-        lam * (X + b.to(rdtype)[..., None, None] * state.z[..., None])
-        + g.to(rdtype)[..., None, None] * z
-    )
-    Z = as_interleaved(X)
-    p = torch.einsum("bhrj,bhr->bhj", Z[:, :, :R], q.to(rdtype))
-    w = torch.einsum("hij,bhj->bhi", G_hat.to(rdtype), p)
-    o = torch.einsum("bhdi,bhi->bhd", Z[:, :, R:], w)
-    return o, TrapezoidState(Z, z[..., 0])
+    (B, H, M, 2); g, b (B, H); G_hat (H, 2M, 2M). Returns (o (B, H, D), the next state): the
+    pending b z_{t−1} added to every mode, then ``interdomain_decode_step``'s torch step with
+    β = g."""
+    M, rdtype = lam_ri.shape[-2], state.Z.dtype
+    pending = b.to(rdtype)[..., None] * state.z  # (B, H, R+D), the same for every mode
+    Z = state.Z + _as_pairs(pending, M).flatten(-2)
+    o, Z = torch_step(q, k, v, lam_ri, _as_pairs(g, M), G_hat, Z)
+    return o, TrapezoidState(Z, torch.cat((k, v), -1).to(rdtype))
 
 
 def _naive(q, k, v, lam_ri, g, b, G_hat, state: TrapezoidState, reset):

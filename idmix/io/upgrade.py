@@ -189,6 +189,8 @@ def upgrade_run(old: Path, new: Path) -> int:
         if entry.is_dir():
             is_checkpoint = (entry / ".metadata").is_file()
             moved += (upgrade_checkpoint if is_checkpoint else upgrade_run)(entry, target)
+        elif not entry.is_file():
+            raise ValueError(f"{str(entry)!r} is not a regular file or directory; not copied")
         elif entry.suffix == ".pt":
             moved += upgrade_file(entry, target)
         else:

@@ -110,7 +110,7 @@ class Mamba3CoreReadout(QueryReadout):
         G_hat = core.decoding_gram(self.convention)
         o, new = trapezoid_step(q, a, b, lam, g, b_old, G_hat, self._split(state))
         state.copy_(self._join(new))
-        return o.to(q.dtype)
+        return o
 
 
 def Mamba3CoreInterdomainAttention(embed_dim: int, num_heads: int, **options) -> SSMMixer:  # noqa: N802

@@ -57,7 +57,10 @@ class Readout(Protocol):
     value halves); state: (B, G, 2·d_h, 2M) interleaved real (docs/design.md §3) or None; reset:
     (B, T) bool or None. ``c_degree``: the output's degree in C (calibration takes that root);
     ``needs_query``: whether q is read; ``prepare_decoding``: snapshot what a traced decode
-    step reads (called by setup_cache and reset_cache)."""
+    step reads (called by setup_cache and reset_cache). Optional: ``carried_modes`` (default 0),
+    column pairs the cached state holds beyond the M modes (what the readout carries from one
+    token to the next besides X: the Mamba-3 core's last input), so the state is (B, G, 2·d_h,
+    2(M + carried_modes))."""
 
     c_degree: int
     needs_query: bool
