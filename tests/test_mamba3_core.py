@@ -32,6 +32,7 @@ def test_it_starts_with_the_s4d_core_decays_and_the_plain_trapezoid():
     a, b = torch.randn(2, 5, H, D // H), torch.randn(2, 5, H, D // H)
     lam, g, b_old = m.readout.decays(a, b, m.core)
     lam_core, _ = m.core.discretized_real()
+    # measured: max |Δ| 1.5e-8 (fp32 exp and sincos of the same Δ·A in two orders)
     torch.testing.assert_close(lam, lam_core.expand_as(lam), rtol=1e-6, atol=1e-7)
     dt = m.core.log_dt.exp()
     torch.testing.assert_close(g, (dt / 2).expand_as(g))
@@ -48,7 +49,8 @@ def test_every_parameter_learns():
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_token_by_token_decoding_equals_the_forward(packed):
-    """fp32, measured: relative RMSE 5.9e-7 (outputs, either case) against the chunked forward."""
+    """fp32, measured against the chunked forward: outputs max |Δ| 2.6e-8 (steps) and 7.5e-9
+    (prefill in two pieces) at outputs up to 0.05, the cached state max |Δ| 9.5e-7."""
     m = layer()
     x = torch.randn(2, 19, D)
     one_doc = torch.arange(19).expand(2, 19)
@@ -60,8 +62,8 @@ def test_token_by_token_decoding_equals_the_forward(packed):
     state_steps = m.kv_cache.state.clone()
     m.reset_cache()
     prefill = torch.cat([m(x[:, :8], input_pos=pos[:, :8]), m(x[:, 8:], input_pos=pos[:, 8:])], 1)
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(prefill, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(prefill, full, atol=1e-7, rtol=1e-6)
     torch.testing.assert_close(state_steps, m.kv_cache.state, atol=1e-5, rtol=1e-5)
 
 
@@ -69,7 +71,8 @@ def test_the_layer_compiles_whole():
     m = layer()
     x = torch.randn(2, 19, D)
     compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(compiled(x), m(x), atol=1e-5, rtol=1e-5)
+    # measured: max |Δ| 9.3e-9 at outputs up to 0.05
+    torch.testing.assert_close(compiled(x), m(x), atol=1e-7, rtol=1e-6)
 
 
 @pytest.mark.parametrize("scale", ["tiny", "small"])
