@@ -26,6 +26,7 @@ BUILDS = {
     "gated_deltanet": ("gated_deltanet", {"chunk_size": 16}),
     "mamba3": ("mamba3", {"chunk_size": 16}),
     "interdomain_mamba3": ("interdomain_mamba3", {"chunk_size": 16}),
+    "interdomain_delta": ("interdomain_delta", {"chunk_size": 16}),
     "hybrid": ("gated_deltanet", {"chunk_size": 16, "softmax_every": 2}),
 }
 MIXERS = list(BUILDS)

@@ -240,6 +240,20 @@ def interdomain_mamba3_small(**overrides):
     )
 
 
+@_named
+def interdomain_delta_tiny(**overrides):
+    """Interdomain Attention with a delta-rule erase, tiny (CPU size; interdomain_tiny's state;
+    the erase adds 2·d_h + 1 parameters per head and layer)."""
+    return _cpu("interdomain_delta", "tiny", overrides)
+
+
+@_named
+def interdomain_delta_small(**overrides):
+    """Interdomain Attention with a delta-rule erase, small (CPU size; interdomain_small's
+    state)."""
+    return _cpu("interdomain_delta", "small", overrides)
+
+
 def ablation_125m(cell: str, **overrides):
     """One of the six Table 4 cells at 125M."""
     return paper_model(cell, "125m", **overrides)

@@ -6,6 +6,7 @@ from .branches import Branch, HeadNorm
 from .cache import KVCache, Mamba3Cache, MatrixStateCache, RecurrentCache
 from .cells import ABLATION_CELLS, ablation_cell
 from .compose import SSM_OPTIONS, InterdomainAttention, S4DMixer, SigmoidGate, ssm_mixer
+from .delta_core import DeltaInterdomainAttention, DeltaReadout
 from .gated_deltanet import GatedDeltaNet
 from .gated_norm import GatedHeadNorm
 from .gla import GatedLinearAttention
@@ -42,6 +43,8 @@ __all__ = [
     "SSM_OPTIONS",
     "Branch",
     "Core",
+    "DeltaInterdomainAttention",
+    "DeltaReadout",
     "FeatureMap",
     "Gate",
     "GatedDeltaNet",

@@ -16,6 +16,7 @@ from torch import nn
 
 from .cells import ABLATION_CELLS, ablation_cell
 from .compose import SSM_OPTIONS, InterdomainAttention, S4DMixer
+from .delta_core import DeltaInterdomainAttention
 from .gated_deltanet import GatedDeltaNet
 from .gla import GatedLinearAttention
 from .mamba2 import Mamba2
@@ -46,6 +47,7 @@ MIXERS: dict[str, MixerEntry] = {
     "s4d": MixerEntry(S4DMixer, SSM_OPTIONS),
     "selective_interdomain": MixerEntry(SelectiveInterdomainAttention, SSM_OPTIONS),
     "interdomain_mamba3": MixerEntry(Mamba3CoreInterdomainAttention, SSM_OPTIONS),
+    "interdomain_delta": MixerEntry(DeltaInterdomainAttention, SSM_OPTIONS),
     "softmax": MixerEntry(
         SoftmaxAttention, SSM_OPTIONS, frozenset({"rope_base", "use_rope", "context_parallel"})
     ),
