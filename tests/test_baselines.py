@@ -72,6 +72,26 @@ def test_the_study_config_names_a_builder_and_the_same_sweep_for_every_entry():
         assert abs(params / reference - 1) <= 0.01, (name, params)
 
 
+def test_the_future_work_config_sweeps_the_new_entries_and_fixes_the_old_at_their_rates():
+    """The new entries sweep compare_baselines_tiny.yaml's rates; interdomain and softmax run at
+    the rates its sweep chose on every corpus (docs/baselines.md), so their rows join its
+    table; every entry within ±1% of interdomain_tiny's parameters."""
+    from torchtune import config
+
+    from idmix.evaluation.compare import check_config
+
+    cfg = OmegaConf.load("recipes/configs/compare_future_work_tiny.yaml")
+    check_config(cfg)
+    baselines = OmegaConf.load("recipes/configs/compare_baselines_tiny.yaml")
+    assert list(cfg.sweep) == list(baselines.sweep) and cfg.training == baselines.training
+    chosen = {"interdomain": [1.2e-2], "softmax": [1.0e-3]}
+    reference = sum(p.numel() for p in models.interdomain_tiny().parameters())
+    for name, entry in cfg.mixers.items():
+        assert list(entry.lrs) == chosen.get(name, list(cfg.sweep)), name
+        params = sum(p.numel() for p in config.instantiate(entry.model).parameters())
+        assert abs(params / reference - 1) <= 0.01, (name, params)
+
+
 def test_the_small_study_config_holds_every_entry_within_one_percent_of_interdomain_small():
     from torchtune import config
 
