@@ -92,6 +92,27 @@ def test_the_future_work_config_sweeps_the_new_entries_and_fixes_the_old_at_thei
         assert abs(params / reference - 1) <= 0.01, (name, params)
 
 
+def test_the_future_work_recall_config_matches_recall_baselines_and_interdomains_state():
+    """Its probes, steps, rates and model are recall_baselines_tiny.yaml's; every mixer holds
+    the interdomain model's recurrent state per layer (the Mamba-3 core plus its carried token)."""
+    from idmix.evaluation.recall_study import check_config, mixer_entries
+    from idmix.models.state_size import recurrent_state_floats
+
+    cfg = OmegaConf.load("recipes/configs/recall_future_work_tiny.yaml")
+    check_config(cfg)
+    ref = OmegaConf.load("recipes/configs/recall_baselines_tiny.yaml")
+    for key in ("model", "train", "evaluate", "steps", "lrs", "seed", "batch_size"):
+        assert cfg[key] == ref[key], key
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model.pop("_component_")
+    state = recurrent_state_floats(models.decoder(mixer="interdomain", **model))
+    carried = 2 * model["num_heads"] * 2 * (model["embed_dim"] // model["num_heads"])
+    for name, options in mixer_entries(cfg).items():
+        got = recurrent_state_floats(models.decoder(mixer=name, **model, **options))
+        extra = carried if name == "interdomain_mamba3" else 0
+        assert got == [s + extra for s in state], name
+
+
 def test_the_small_study_config_holds_every_entry_within_one_percent_of_interdomain_small():
     from torchtune import config
 
