@@ -21,6 +21,8 @@ carries Zᵛ:
 Every decay is a power λⁿ with n ≥ 0: strong decays underflow to zero, nothing overflows. A
 reset at t cuts the pairs across it and the Z_0 terms from t on, by the chunk masks; the end
 state keeps only the chunk's last document. Padded tokens (k = v = 0, η = 0) write nothing.
+Unlike ``interdomain_attention``, a NaN or inf in one document of a packed row is not confined
+to it: the masks multiply by zero (in the solve and the state products) where that op selects.
 """
 
 from __future__ import annotations
