@@ -32,7 +32,8 @@ def test_it_starts_near_interdomain_and_is_it_without_the_erase():
     ref = InterdomainAttention(D, H, num_modes=M, chunk_size=8).double()
     loaded = ref.load_state_dict(m.state_dict(), strict=False)
     assert not loaded.missing_keys and set(loaded.unexpected_keys) == {
-        "readout.erase_weight", "readout.erase_bias"
+        "readout.erase_weight",
+        "readout.erase_bias",
     }
     with torch.no_grad():
         m.readout.erase_bias.fill_(-torch.inf)  # η = 0
@@ -92,6 +93,7 @@ def test_builders_match_interdomain_in_parameters_and_state(scale):
     [
         ({"num_state_groups": 1}, "num_state_groups: the delta-rule readout keeps one state"),
         ({"backend": "triton"}, "backend: the delta-rule op runs on PyTorch only"),
+        ({"precision": "bf16"}, "precision: the delta-rule op computes in fp32"),
     ],
 )
 def test_what_it_cannot_do_is_refused_by_name(options, match):

@@ -41,9 +41,18 @@ class DeltaReadout(QueryReadout):
         if args.groups != args.num_heads:
             raise ValueError("num_state_groups: the delta-rule readout keeps one state per head")
         if args.context_parallel is not None:
-            raise ValueError("context_parallel: the delta-rule readout has no context-parallel form")
+            raise ValueError(
+                "context_parallel: the delta-rule readout has no context-parallel form"
+            )
         if args.backend not in ("auto", "torch"):
-            raise ValueError(f"backend: the delta-rule op runs on PyTorch only, got {args.backend!r}")
+            raise ValueError(
+                f"backend: the delta-rule op runs on PyTorch only, got {args.backend!r}"
+            )
+        if args.precision != "auto":
+            raise ValueError(
+                f"precision: the delta-rule op computes in fp32 (fp64 for fp64 inputs), got "
+                f"{args.precision!r}"
+            )
         return cls(args.num_heads, args.head_dim, args.readout_convention, args.chunk_size)
 
     def erase(self, a, b):
