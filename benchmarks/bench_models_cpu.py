@@ -35,9 +35,9 @@ TRAINED = {
 }
 
 
-def train_step_fn(model, T):
+def train_step_fn(model, T, batch=1):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, 4096, (1, T + 1))
+    tokens = torch.randint(0, 4096, (batch, T + 1))
 
     def step():
         logits = model(tokens[:, :-1])

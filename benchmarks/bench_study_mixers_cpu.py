@@ -5,8 +5,9 @@ shape, side by side with interdomain (docs/baselines.md's tokens/s column).
     python benchmarks/bench_study_mixers_cpu.py --scale small --threads 1
 
 Training step = forward + cross-entropy + backward + AdamW, fp32, eager models, the study's
-batch (B=8, T=256). Decoding = one token through the cache at B=1 after a 256-token prefill
-(eager). Each mixer's steps run in blocks, round-robin over the mixers, median over rounds.
+batch (B=8, T=256). Decoding = one token through the cache at B=1, the cache filled to the
+training length (``bench_models_cpu.decode_fn``; eager). Each mixer's steps run in blocks,
+round-robin over the mixers, median over rounds.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_models_cpu import decode_fn, train_step_fn  # noqa: E402
 from common import blocked_medians, print_table  # noqa: E402
 
 from idmix import models  # noqa: E402
@@ -43,39 +45,6 @@ def build(name: str, scale: str):
     return getattr(models, f"{builder}_{scale}")(**overrides)
 
 
-def train_step_fn(model, B: int, T: int):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, 4096, (B, T + 1))
-
-    def step():
-        logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
-
-
-def decode_fn(model, prefill: int):
-    model.setup_caches(batch_size=1, dtype=torch.float32, decoder_max_seq_len=prefill + 1)
-    tokens = torch.randint(0, 4096, (1, prefill + 1))
-    causal = torch.ones(prefill, prefill + 1, dtype=torch.bool).tril()[None]
-    with torch.no_grad():
-        model(tokens[:, :prefill], mask=causal, input_pos=torch.arange(prefill)[None])
-    pos, token = torch.tensor([[prefill]]), tokens[:, prefill:]
-    mask = torch.ones(1, 1, prefill + 1, dtype=torch.bool)
-
-    @torch.no_grad()
-    def step():
-        for layer in model.layers:  # decode the same position again: constant cache length
-            if hasattr(layer.attn.kv_cache, "length"):
-                layer.attn.kv_cache.length.fill_(prefill)
-        model(token, mask=mask, input_pos=pos)
-
-    return step
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", default="tiny", choices=["tiny", "small"])
@@ -88,7 +57,7 @@ def main():
         torch.set_num_threads(args.threads)
     built = {name: build(name, args.scale) for name in args.mixers}
     train = blocked_medians(
-        {n: train_step_fn(m, args.batch, args.seq_len) for n, m in built.items()}, calls=2, rounds=3
+        {n: train_step_fn(m, args.seq_len, args.batch) for n, m in built.items()}, calls=2, rounds=3
     )
     decode = blocked_medians({n: decode_fn(m, args.seq_len) for n, m in built.items()}, calls=20)
     tokens = args.batch * args.seq_len

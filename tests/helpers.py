@@ -212,3 +212,28 @@ def run_in_two_parts(run, p, per_token, cut, reset, **kw):
             o, state = run(dict(part, initial_state=state), reset=part_reset, **kw)
             outs.append(o)
     return torch.cat(outs, 1), state
+
+
+def assert_chunked_matches_naive(run, p, chunk_size: int, reset_at, tol: float, worst: float):
+    """An op's chunked form against its per-step loop (impl="naive"), both through run(p, **kw):
+    outputs, final state and every input's gradient; reset_at: the (row, t) document starts."""
+    reset = reset_mask(p["q"].shape[0], p["q"].shape[1], *reset_at) if reset_at else None
+    ref = outputs_and_grads(run, p, reset=reset, impl="naive")
+    got = outputs_and_grads(run, p, reset=reset, chunk_size=chunk_size)
+    assert_outputs_and_grads_match(got, ref, tol, worst)
+
+
+def layer_decoding(m, embed_dim: int, packed: bool, T: int = 19, cut: int = 8):
+    """A mixer layer's forward against its cache on (2, T) random inputs, one document per row
+    or (packed) two in each: (full forward, token-by-token steps, prefill in two pieces cut at
+    `cut`, the cached state after the steps, after the prefill)."""
+    x = torch.randn(2, T, embed_dim)
+    one_doc = torch.arange(T).expand(2, T)
+    pos = torch.cat([torch.arange(7), torch.arange(T - 7)]).expand(2, T) if packed else one_doc
+    full = m(x, input_pos=pos if packed else None)
+    m.setup_cache(2, torch.float32)
+    steps = torch.cat([m(x[:, t : t + 1], input_pos=pos[:, t : t + 1]) for t in range(T)], 1)
+    state_steps = m.kv_cache.state.clone()
+    m.reset_cache()
+    pieces = [m(x[:, :cut], input_pos=pos[:, :cut]), m(x[:, cut:], input_pos=pos[:, cut:])]
+    return full, steps, torch.cat(pieces, 1), state_steps, m.kv_cache.state

@@ -12,11 +12,11 @@ import torch
 from idmix.functional import interdomain_attention
 from idmix.functional.interdomain_delta import interdomain_delta, interdomain_delta_step
 from tests.helpers import (
-    assert_outputs_and_grads_match,
+    assert_chunked_matches_naive,
     assert_rel,
-    outputs_and_grads,
     random_resets,
     reset_mask,
+    run_in_two_parts,
 )
 
 # Measured (the LADDER cases, float64, chunked vs naive): relative RMSE ≤ 3.4e-15 for o, the
@@ -93,11 +93,7 @@ LADDER = [
 
 @pytest.mark.parametrize("kw, chunk_size, reset_at", LADDER)
 def test_chunked_matches_naive_fp64(kw, chunk_size, reset_at):
-    p = problem(**kw)
-    reset = reset_mask(p["q"].shape[0], p["q"].shape[1], *reset_at) if reset_at else None
-    ref = outputs_and_grads(run, p, reset=reset, impl="naive")
-    got = outputs_and_grads(run, p, reset=reset, chunk_size=chunk_size)
-    assert_outputs_and_grads_match(got, ref, TOL64, MAX64)
+    assert_chunked_matches_naive(run, problem(**kw), chunk_size, reset_at, TOL64, MAX64)
 
 
 @pytest.mark.parametrize("impl", ["naive", "chunked"])
@@ -148,17 +144,15 @@ def test_gradcheck():
 def test_split_and_carry_equals_one_pass(cut):
     p = problem(T=37)
     reset = random_resets(2, 37, seed=4)
-    *tokens, lam, beta, G = args(p)
+
+    def run_from(p, **kw):
+        return interdomain_delta(*args(p), initial_state=p["initial_state"], **kw)
+
+    whole = dict(p, initial_state=p["Z0"])
     kw = dict(output_final_state=True, chunk_size=8)
-    o, end = interdomain_delta(*tokens, lam, beta, G, initial_state=p["Z0"], reset=reset, **kw)
-    o1, mid = interdomain_delta(
-        *(t[:, :cut] for t in tokens), lam, beta, G, initial_state=p["Z0"],
-        reset=reset[:, :cut], **kw,
-    )  # fmt: skip
-    o2, end2 = interdomain_delta(
-        *(t[:, cut:] for t in tokens), lam, beta, G, initial_state=mid, reset=reset[:, cut:], **kw
-    )
-    assert_rel(torch.cat((o1, o2), 1), o, TOL64, "o", MAX64)
+    o, end = run_from(whole, reset=reset, **kw)
+    o2, end2 = run_in_two_parts(run_from, whole, ("q", "k", "v", "eta"), cut, reset, **kw)
+    assert_rel(o2, o, TOL64, "o", MAX64)
     assert_rel(end2, end, TOL64, "state", MAX64)
 
 

@@ -18,9 +18,8 @@ from idmix.functional.mamba3 import (
     mamba3_step,
 )
 from tests.helpers import (
-    assert_outputs_and_grads_match,
+    assert_chunked_matches_naive,
     assert_rel,
-    outputs_and_grads,
     random_resets,
     reset_mask,
 )
@@ -100,11 +99,7 @@ LADDER = [
 
 @pytest.mark.parametrize("kw, chunk_size, reset_at", LADDER)
 def test_chunked_matches_naive_fp64(kw, chunk_size, reset_at):
-    p = problem(**kw)
-    reset = reset_mask(p["q"].shape[0], p["q"].shape[1], *reset_at) if reset_at else None
-    ref = outputs_and_grads(run, p, reset=reset, impl="naive")
-    got = outputs_and_grads(run, p, reset=reset, chunk_size=chunk_size)
-    assert_outputs_and_grads_match(got, ref, TOL64, MAX64)
+    assert_chunked_matches_naive(run, problem(**kw), chunk_size, reset_at, TOL64, MAX64)
 
 
 def _complex_ssm(p, reset=None):

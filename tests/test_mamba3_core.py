@@ -12,6 +12,7 @@ import torch
 from idmix import models
 from idmix.models.state_size import recurrent_state_floats
 from idmix.modules import Mamba3CoreInterdomainAttention, resolve_mixer
+from tests.helpers import layer_decoding
 
 D, H, M = 64, 2, 8
 
@@ -51,20 +52,11 @@ def test_every_parameter_learns():
 def test_token_by_token_decoding_equals_the_forward(packed):
     """fp32, measured against the chunked forward: outputs max |Δ| 2.6e-8 (steps) and 7.5e-9
     (prefill in two pieces) at outputs up to 0.05, the cached state max |Δ| 9.5e-7."""
-    m = layer()
-    x = torch.randn(2, 19, D)
-    one_doc = torch.arange(19).expand(2, 19)
-    pos = torch.cat([torch.arange(7), torch.arange(12)]).expand(2, 19) if packed else one_doc
-    full = m(x, input_pos=pos if packed else None)
-    m.setup_cache(2, torch.float32)
-    assert m.kv_cache.state.shape == (2, H, 2 * (D // H), 2 * M + 2)  # X and the carried z
-    steps = [m(x[:, t : t + 1], input_pos=pos[:, t : t + 1]) for t in range(19)]
-    state_steps = m.kv_cache.state.clone()
-    m.reset_cache()
-    prefill = torch.cat([m(x[:, :8], input_pos=pos[:, :8]), m(x[:, 8:], input_pos=pos[:, 8:])], 1)
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-7, rtol=1e-6)
+    full, steps, prefill, state_steps, state_prefill = layer_decoding(layer(), D, packed)
+    assert state_steps.shape == (2, H, 2 * (D // H), 2 * M + 2)  # X and the carried z
+    torch.testing.assert_close(steps, full, atol=1e-7, rtol=1e-6)
     torch.testing.assert_close(prefill, full, atol=1e-7, rtol=1e-6)
-    torch.testing.assert_close(state_steps, m.kv_cache.state, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state_steps, state_prefill, atol=1e-5, rtol=1e-5)
 
 
 def test_the_layer_compiles_whole():

@@ -13,9 +13,8 @@ import torch
 from idmix.functional import interdomain_attention
 from idmix.functional.trapezoid import TrapezoidState, trapezoid_attention, trapezoid_step
 from tests.helpers import (
-    assert_outputs_and_grads_match,
+    assert_chunked_matches_naive,
     assert_rel,
-    outputs_and_grads,
     random_resets,
     reset_mask,
 )
@@ -107,11 +106,7 @@ LADDER = [
 @pytest.mark.parametrize("kw, chunk_size, reset_at, bounds", LADDER)
 def test_chunked_matches_naive_fp64(kw, chunk_size, reset_at, bounds):
     tol, worst = bounds.get("tol", TOL64), bounds.get("worst", MAX64)
-    p = problem(**kw)
-    reset = reset_mask(p["q"].shape[0], p["q"].shape[1], *reset_at) if reset_at else None
-    ref = outputs_and_grads(run, p, reset=reset, impl="naive")
-    got = outputs_and_grads(run, p, reset=reset, chunk_size=chunk_size)
-    assert_outputs_and_grads_match(got, ref, tol, worst)
+    assert_chunked_matches_naive(run, problem(**kw), chunk_size, reset_at, tol, worst)
 
 
 def test_without_the_older_end_it_is_the_per_token_interdomain_op():
