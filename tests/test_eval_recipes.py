@@ -28,7 +28,12 @@ def tune_run(recipe, config, *overrides):
 CONFIGS_OF = {
     "evaluate": ["eval_tiny", "eval_paper_suite", "eval_own_data"],
     "length_extrapolation": ["length_extrapolation_tiny", "length_extrapolation_own_data"],
-    "train_recall": ["recall_tiny", "recall_mqar", "recall_baselines_tiny"],
+    "train_recall": [
+        "recall_tiny",
+        "recall_mqar",
+        "recall_baselines_tiny",
+        "recall_future_work_tiny",
+    ],
     "quantize_interdomain": ["quantize_tiny", "quantize_own_data"],
     "generate": ["generate_tiny"],
     "compare_mixers": [
@@ -36,6 +41,7 @@ CONFIGS_OF = {
         "compare_small",
         "compare_baselines_tiny",
         "compare_baselines_small",
+        "compare_future_work_tiny",
     ],
 }
 
