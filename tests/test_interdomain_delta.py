@@ -136,7 +136,8 @@ def test_gradcheck():
         return run(dict(zip(NAMES, xs, strict=True)), reset=reset, chunk_size=2)
 
     inputs = [p[n].clone().requires_grad_() for n in NAMES]
-    # central differences against autograd; gradcheck's default bounds tightened tenfold
+    # measured: central differences (eps 1e-6) against autograd along random directions agree to
+    # 4.9e-10 relative; the bounds are gradcheck's own defaults tightened tenfold
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
@@ -157,7 +158,7 @@ def test_split_and_carry_equals_one_pass(cut):
 
 
 def test_decode_steps_equal_the_chunked_forward():
-    """fp32 (measured: relative RMSE 2.9e-7 on o, 1.7e-7 on the state)."""
+    """fp32 (measured: relative RMSE 3.0e-7 on o, 1.7e-7 on the state)."""
     p = {n: None if x is None else x.float() for n, x in problem(T=23).items()}
     *tokens, lam, beta, G = args(p)
     o, end = interdomain_delta(

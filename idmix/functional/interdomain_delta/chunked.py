@@ -30,34 +30,30 @@ from __future__ import annotations
 import torch
 
 from ..chunking import blocks, chunk_masks
+from ..interdomain.numerics import cmul, cmul_conj
 from ..powers import polar, powers
 from .naive import naive_core
 from .validation import check_chunk_size, check_impl, prepare
 
 
-def _rotate(x, re, im, conj: bool = False):
-    """x (..., 2M) interleaved times λⁿ given as (re, im) (..., M) (conj: times conj(λ)ⁿ)."""
-    xr, xi = x.unflatten(-1, (-1, 2)).unbind(-1)
-    im = -im if conj else im
-    return torch.stack((xr * re - xi * im, xr * im + xi * re), -1).flatten(-2)
-
-
 def _chunk_tables(lam_ri, beta_ri, T: int, L: int, N: int):
-    """The decay tables of N chunks of L tokens: (re, im) of λⁿ, n = 0..L, (1, H, 1, L+1, M);
-    the interleaved b̂ at lags t−s and t−1−s (H, L, L, 2M); b̂ at each token's lag to its
-    chunk's end (1, H, N, L, 2M); λ^len per chunk, (re, im) (1, H, N, 1, M)."""
+    """The decay tables of N chunks of L tokens, interleaved (…, 2M): λⁿ, n = 0..L,
+    (1, H, 1, L+1, 2M); b̂ at lags t−s and t−1−s (H, L, L, 2M); b̂ at each token's lag to its
+    chunk's end (1, H, N, L, 2M); λ^len per chunk (1, H, N, 1, 2M)."""
     log_mag, theta = polar(lam_ri)  # (H, M)
     dev = lam_ri.device
-    re, im = powers(log_mag, theta, torch.arange(L + 1, device=dev))  # (H, L+1, M)
-    b = _rotate(beta_ri.flatten(-2)[:, None], re[:, :L], im[:, :L])  # (H, L, 2M): b̂_0..L−1
+
+    def interleaved(n):  # λⁿ for exponents n (S,): (H, S, 2M)
+        return torch.stack(powers(log_mag, theta, n), -1).flatten(-2)
+
+    lam_pow = interleaved(torch.arange(L + 1, device=dev))  # (H, L+1, 2M)
+    b = cmul(lam_pow[:, :L], beta_ri.flatten(-2)[:, None])  # (H, L, 2M): b̂_0..L−1
     idx = torch.arange(L, device=dev)
     lag = idx[:, None] - idx[None, :]
     pair, shifted = b[:, lag.clamp_min(0)], b[:, (lag - 1).clamp_min(0)]
     length = (T - L * torch.arange(N, device=dev)).clamp_max(L)  # (N,)
     end = b[:, (length[:, None] - 1 - idx).clamp_min(0)]  # (H, N, L, 2M)
-    len_re, len_im = powers(log_mag, theta, length)  # (H, N, M)
-    return (re[None, :, None], im[None, :, None]), pair, shifted, end[None], (
-        len_re[None, ..., None, :], len_im[None, ..., None, :])  # fmt: skip
+    return lam_pow[None, :, None], pair, shifted, end[None], interleaved(length)[None, ..., None, :]
 
 
 def chunked_core(q, k, v, eta, lam_ri, beta_ri, G_hat, Z0, reset, chunk_size: int):
@@ -66,7 +62,7 @@ def chunked_core(q, k, v, eta, lam_ri, beta_ri, G_hat, Z0, reset, chunk_size: in
     L = min(chunk_size, T)
     N = -(-T // L)
     q, k, v, eta = (blocks(x, N, L) for x in (q, k, v, eta))  # (B, H, N, L, ·)
-    (re, im), pair, shifted, end, (len_re, len_im) = _chunk_tables(lam_ri, beta_ri, T, L, N)
+    lam_pow, pair, shifted, end, lam_len = _chunk_tables(lam_ri, beta_ri, T, L, N)
     masks = chunk_masks(reset, N, L, q.device)
     causal = masks.pair.expand(*masks.pair.shape[:-2] or (1, 1, N), L, L)  # (·, 1, N, L, L)
     strict = causal & masks.strict
@@ -80,21 +76,21 @@ def chunked_core(q, k, v, eta, lam_ri, beta_ri, G_hat, Z0, reset, chunk_size: in
     Zk, starts = Z0[..., :R, :], []
     for n in range(N):
         starts.append(Zk)
-        Zk = keep[:, :, n] * _rotate(Zk, len_re[:, :, n], len_im[:, :, n]) + torch.einsum(
+        Zk = keep[:, :, n] * cmul(lam_len[:, :, n], Zk) + torch.einsum(
             "bhsr,hsj->bhrj", k[:, :, n] * last[:, :, n], end[0, :, n]
         )
     Zk0 = torch.stack(starts, 2)  # (B, H, N, R, 2M)
 
     def read(x, table, mask, lag0: int):  # Ĝ times the key state before/at each token, read by x
         scores = torch.where(mask, x @ k.mT, 0)  # (B, H, N, L, L)
-        start = _rotate(x @ Zk0, re[..., lag0 : lag0 + L, :], im[..., lag0 : lag0 + L, :])
+        start = cmul(lam_pow[..., lag0 : lag0 + L, :], x @ Zk0)
         return gram(torch.einsum("bhnts,htsj->bhntj", scores, table) + fresh * start)
 
     addr, w = read(k, shifted, strict, 0), read(q, pair, causal, 1)
     A = torch.where(strict, torch.einsum("bhntj,htsj->bhnts", addr, shifted), 0)
     Kmat = torch.where(causal, torch.einsum("bhntj,htsj->bhnts", w, pair), 0)
-    addr0 = fresh * _rotate(addr, re[..., :L, :], im[..., :L, :], conj=True)
-    w0 = fresh * _rotate(w, re[..., 1:, :], im[..., 1:, :], conj=True)
+    addr0 = fresh * cmul_conj(lam_pow[..., :L, :], addr)
+    w0 = fresh * cmul_conj(lam_pow[..., 1:, :], w)
     rhs = torch.cat((v, eta[..., None] * addr0), -1)
     # A's diagonal is zero and unitriangular=True reads it as ones: I + diag(η) A.
     EW = torch.linalg.solve_triangular(eta[..., None] * A, rhs, upper=False, unitriangular=True)
@@ -105,7 +101,7 @@ def chunked_core(q, k, v, eta, lam_ri, beta_ri, G_hat, Z0, reset, chunk_size: in
     for n in range(N):
         e = E[:, :, n] - W[:, :, n] @ Zv.mT  # (B, H, L, D)
         outs.append(w0[:, :, n] @ Zv.mT + Kmat[:, :, n] @ e)
-        Zv = keep[:, :, n] * _rotate(Zv, len_re[:, :, n], len_im[:, :, n]) + torch.einsum(
+        Zv = keep[:, :, n] * cmul(lam_len[:, :, n], Zv) + torch.einsum(
             "bhsd,hsj->bhdj", e * last[:, :, n], end[0, :, n]
         )
     o = torch.stack(outs, 2).flatten(2, 3)[:, :, :T].movedim(1, 2)
