@@ -56,21 +56,24 @@ PARAMS = ("tensor-core fraction", "Triton HBM fraction", "PyTorch HBM fraction",
 SCANS = ("_states_fwd_kernel", "_states_bwd_kernel")
 
 
-def count(checkout: Path, B: int, T: int) -> dict:
-    """{forward, backward: [launch]} of the code at checkout, at (B, T, H = 16)."""
+def count(checkout: Path, B: int, T: int, precision: str = "tf32") -> dict:
+    """{forward, backward: [launch]} of the code at checkout, at (B, T, H = 16) and precision
+    ("tf32", or "bf16": this code's bf16 buffers)."""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "idmix_kernels").symlink_to(checkout / "kernels")
         env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{tmp}:{checkout}"}
         out = Path(tmp) / "launches.json"
         script = ROOT / "benchmarks" / "launches.py"
         args = ["--B", str(B), "--T", str(T), "--H", str(H), "--json", str(out)]
+        if precision != "tf32":
+            args += ["--precision", precision]
         subprocess.run([sys.executable, str(script), *args], check=True, env=env, cwd=checkout,
                        capture_output=True)  # fmt: skip
         return json.loads(out.read_text())
 
 
-def count_all(checkout: Path) -> dict:
-    return {str(T): count(checkout, row[0], T) for T, row in MEASURED.items()}
+def count_all(checkout: Path, precision: str = "tf32") -> dict:
+    return {str(T): count(checkout, row[0], T, precision) for T, row in MEASURED.items()}
 
 
 def scan_steps(ints: dict) -> int:
@@ -142,7 +145,7 @@ def breakdown(launches: list[dict], p) -> dict:
     return parts
 
 
-def report(old: dict, new: dict):
+def report(old: dict, new: dict, new_bf16: dict):
     p, worst = fit(old)
     sections = []
     within = 100 * (math.exp(worst) - 1)
@@ -189,6 +192,22 @@ def report(old: dict, new: dict):
         ["T", "B", "fwd", "vs aa05976", "vs SDPA", "f+b", "vs aa05976", "vs SDPA"],
         rows,
     ))  # fmt: skip
+    nb, n32 = model_ms(new_bf16, p, "bf16"), model_ms(new, p, "bf16")
+    rows = []
+    for T, (B, *_, sdpa_f, sdpa_fb) in MEASURED.items():
+        rows.append([
+            str(T), str(B), f"{nb[T][0]:.2f}", f"{n32[T][0]:.2f}", f"{n[T][0] / nb[T][0]:.2f}x",
+            f"{sdpa_f / nb[T][0]:.2f}x", f"{nb[T][1]:.2f}", f"{n32[T][1]:.2f}",
+            f"{n[T][1] / nb[T][1]:.2f}x", f"{sdpa_fb / nb[T][1]:.2f}x",
+        ])  # fmt: skip
+    sections.append((
+        "This code at precision=\"bf16\" (bf16 products, bf16 chunk-start states), predicted (ms; "
+        "fp32 states: bf16 products alone; × = this code at TF32 predicted / this, and SDPA flash "
+        "measured / this)",
+        ["T", "B", "fwd", "fp32 states", "vs TF32", "vs SDPA", "f+b", "fp32 states", "vs TF32",
+         "vs SDPA"],
+        rows,
+    ))  # fmt: skip
     return sections
 
 
@@ -200,8 +219,7 @@ def main(argv=None):
     if args.count_old:
         OLD_LAUNCHES.write_text(json.dumps(count_all(args.count_old.resolve())))
     old = json.loads(OLD_LAUNCHES.read_text())
-    new = count_all(ROOT)
-    sections = report(old, new)
+    sections = report(old, count_all(ROOT), count_all(ROOT, "bf16"))
     for title, header, rows in sections:
         print_table(title, header, rows)
     if args.markdown:

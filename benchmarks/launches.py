@@ -16,6 +16,7 @@ or one of its inputs (the kernels' outputs and scratch included), summed over th
 bound on what it holds at once.
 
     TRITON_INTERPRET=1 python benchmarks/launches.py --B 1 --T 16384 --H 4   # the table
+    ... --precision bf16   # bf16 products: the same launches, the chunk-start states in bf16
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ def op_inputs(B, T, H, R=64, D=64, M=64, dtype=torch.bfloat16, device="meta"):
 def count(B, T, H, R=64, D=64, M=64, dtype=torch.bfloat16, precision="ieee", reset=False):
     """(forward launches, backward launches, {"forward", "backward": bytes allocated}) of one
     forward+backward of the chunked op on the GPU route. precision "ieee" stands for "tf32" (on
-    CUDA a flag, the same launches)."""
+    CUDA a flag, the same launches and buffers); "bf16" stores the chunk-start states in bf16."""
     from idmix.functional import interdomain_attention
 
     q, k, v, lam_ri, beta_ri, G_hat = op_inputs(B, T, H, R, D, M, dtype)
@@ -313,9 +314,11 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=16384)
     ap.add_argument("--H", type=int, default=4)
     ap.add_argument("--reset", action="store_true", help="with a document-start mask")
+    ap.add_argument("--precision", choices=("tf32", "bf16"), default="tf32")
     ap.add_argument("--json", type=Path, help="write {forward, backward: [launch]} here")
     args = ap.parse_args(argv)
-    fwd, bwd, allocated = count(args.B, args.T, args.H, reset=args.reset)
+    precision = "ieee" if args.precision == "tf32" else args.precision
+    fwd, bwd, allocated = count(args.B, args.T, args.H, precision=precision, reset=args.reset)
     if args.json:
         data = {"forward": as_json(fwd), "backward": as_json(bwd), "allocated": allocated}
         args.json.write_text(json.dumps(data))
@@ -324,7 +327,8 @@ def main(argv=None):
     for title, part in (("forward", fwd), ("backward", bwd)):
         s = summary(part)
         print_table(
-            f"{title} at B={args.B}, T={args.T}, H={args.H}: {s['triton']} Triton launches, "
+            f"{title} at B={args.B}, T={args.T}, H={args.H}, {args.precision}: {s['triton']} "
+            "Triton launches, "
             f"{s['torch']} PyTorch kernels, {allocated[title] / tokens:.0f} B allocated per "
             "token·head",
             header,

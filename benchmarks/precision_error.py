@@ -3,6 +3,8 @@
 
     python benchmarks/precision_error.py                 # T = 4096 and 65536 (~10 minutes)
     python benchmarks/precision_error.py --lengths 4096 --plot docs/precision_error.png
+    TRITON_INTERPRET=1 python benchmarks/precision_error.py --backend triton --lengths 512 \
+        --heads 1 --shared-only --runs bf16 "bf16 inputs, bf16"   # the kernels (interpreted)
 
 The inputs are a real layer's: an InterdomainAttention mixer at its init (S4D-Inv decays with
 Δ log-uniform in [1e-3, 1e-1], C calibrated to unit output RMS) maps unit-normal token
@@ -12,7 +14,9 @@ tests/test_reference_ladder.py) and in fp32 at each precision, the TF32/bf16 rou
 product's operands emulated on CPU exactly as the Triton kernels round them
 (idmix/functional/interdomain/numerics.py). "bf16 inputs" rounds q, k, v to bf16 first: what a
 bf16 model hands the op. The loss is a fixed random projection of the output plus one of the
-final state, so every gradient is exercised.
+final state, so every gradient is exercised. `--backend triton` runs the same on the Triton
+kernels (on CPU under the interpreter: minutes at T = 512), which store the chunk-start states
+in bf16 at precision "bf16" where the PyTorch path keeps them in fp32.
 
 Printed per tensor: relative RMSE ||x − x₆₄|| / ||x₆₄||. The shared-decay path and the selective
 (per-token decay) path are both measured. The rule that picks precision="auto" on a GPU
@@ -77,9 +81,9 @@ def layer_inputs(T: int, H: int, selective: bool, seed: int = 0):
     return [t.detach().contiguous() for t in (q, a, b, lam, beta, G, Z0)]
 
 
-def run(inputs, dtype, precision, round_inputs=None):
-    """Output, final state and every gradient of the op at (dtype, precision), q, k, v first
-    rounded to round_inputs (a dtype) if given."""
+def run(inputs, dtype, precision, round_inputs=None, backend="torch"):
+    """Output, final state and every gradient of the op at (dtype, precision) on backend, q, k,
+    v first rounded to round_inputs (a dtype) if given."""
     leaves = []
     for i, t in enumerate(inputs):
         t = t.to(dtype)
@@ -88,8 +92,9 @@ def run(inputs, dtype, precision, round_inputs=None):
         leaves.append(t.requires_grad_())
     q, k, v, lam, beta, G, Z0 = leaves
     o, Z = interdomain_attention(
-        q, k, v, lam, beta, G, initial_state=Z0, precision=precision, output_final_state=True
-    )
+        q, k, v, lam, beta, G, initial_state=Z0, precision=precision, output_final_state=True,
+        backend=backend,
+    )  # fmt: skip
     g = torch.Generator().manual_seed(7)
     w_o = torch.randn(o.shape, generator=g, dtype=torch.float64).to(dtype)
     w_z = torch.randn(Z.shape, generator=g, dtype=torch.float64).to(dtype)
@@ -101,12 +106,16 @@ def rel(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
-def measure(T: int, H: int, selective: bool) -> dict[str, list[float]]:
+def measure(T: int, H: int, selective: bool, backend="torch", runs=None) -> dict[str, list[float]]:
+    """Each run's relative RMSE per tensor (NAMES) against the fp64 PyTorch path; runs: names
+    from RUNS (all if None)."""
     inputs = layer_inputs(T, H, selective)
     ref = run(inputs, torch.float64, "ieee")
     out = {}
     for name, inputs_dtype, precision in RUNS:
-        got = run(inputs, torch.float32, precision, inputs_dtype)
+        if runs is not None and name not in runs:
+            continue
+        got = run(inputs, torch.float32, precision, inputs_dtype, backend)
         out[name] = [rel(a, b) for a, b in zip(got, ref, strict=True)]
     return out
 
@@ -141,15 +150,18 @@ def main(argv=None):
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 65536])
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--plot", type=Path)
+    ap.add_argument("--backend", choices=("torch", "triton"), default="torch")
+    ap.add_argument("--runs", nargs="+", choices=[r[0] for r in RUNS], help="default: all")
+    ap.add_argument("--shared-only", action="store_true", help="skip the per-token decays")
     args = ap.parse_args(argv)
     torch.set_num_threads(torch.get_num_threads())
     results = {}
-    for selective in (False, True):
+    for selective in (False,) if args.shared_only else (False, True):
         for T in args.lengths:
             t0 = time.perf_counter()
-            res = measure(T, args.heads, selective)
+            res = measure(T, args.heads, selective, args.backend, args.runs)
             path = "selective" if selective else "shared"
-            title = f"{path} decays, T={T}, H={args.heads}, R=D=M=64"
+            title = f"{path} decays, T={T}, H={args.heads}, R=D=M=64, {args.backend}"
             results[title] = res
             rows = [[name] + [f"{e:.1e}" for e in errs] for name, errs in res.items()]
             print_table(f"{title} ({time.perf_counter() - t0:.0f} s)", ["run", *NAMES], rows)

@@ -273,10 +273,13 @@ def chunk_states(
     with the end state S_n; reset: (B, n, L) uint8 view or None; contain: Containment or None;
     BL: the block of the call's main chunk length (a ragged tail reuses its compiled kernel);
     splits: runs of chunks scanned in parallel (kernels/scan_splits.py; None: as many as fill
-    the device). Returns the chunk-start states (B, H, n, R+D, 2M) S_0..S_{n-1}, fp32."""
+    the device). Returns the chunk-start states (B, H, n, R+D, 2M) S_0..S_{n-1}: bf16 at
+    precision "bf16" (every kernel reads them only as product operands, rounded to bf16 anyway,
+    and the backward's d(λ^L) sum; the scan itself carries fp32), fp32 otherwise."""
     B, H, N, L, R = k.shape
     C, M = R + v.shape[-1], end.shape[-1] // 2
-    starts = torch.empty(B, H, N, C, 2 * M, dtype=torch.float32, device=k.device)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    starts = torch.empty(B, H, N, C, 2 * M, dtype=dtype, device=k.device)
     r, s_rb, s_rn, has_reset = reset_args(reset, k)
     c = contain
     f = c.flags if c else r
@@ -313,11 +316,11 @@ def chunk_states_backward(
 ):
     """dXk: (B, H, N, R, 2M), dXv: (B, H, N, D, 2M) the gradients of the chunk-start states;
     dZ_end: (B, H, C, 2M) or None (zeros); chunk: (H, 2M) λ^L (any strides); starts: the
-    forward's (B, H, N, C, 2M); L: the chunk length; reset and splits as in chunk_states;
-    end_poison: (B, H) int8 or None (heads whose final state was set to NaN pass no dZ_end).
-    Returns (the increments' gradients G_1..G_N (B, H, N, C, 2M), dZ0 (B, H, C, 2M), the
-    per-program gradient of λ^L (B, H, splits × channel blocks, 2M) to be summed over its
-    first three dims), fp32."""
+    forward's (B, H, N, C, 2M) (fp32 or bf16); L: the chunk length; reset and splits as in
+    chunk_states; end_poison: (B, H) int8 or None (heads whose final state was set to NaN
+    pass no dZ_end). Returns (the increments' gradients G_1..G_N (B, H, N, C, 2M), dZ0 (B, H,
+    C, 2M), the per-program gradient of λ^L (B, H, splits × channel blocks, 2M) to be summed
+    over its first three dims), fp32."""
     dXk, dXv, starts = unit_last_stride(dXk, dXv, starts)
     B, H, N, R, twoM = dXk.shape
     C, M = R + dXv.shape[3], twoM // 2

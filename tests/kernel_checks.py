@@ -205,7 +205,12 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
     # on chip, summed in another order than the PyTorch GEMM, before dy is rounded to bf16),
     # below each precision's own error against IEEE (4.9e-4..6.2e-4 and 4.1e-3..4.3e-3 on o).
     # Each run is also held to be that far off IEEE.
+    # At bf16 the kernels store the chunk-start states in bf16 (kernels/chunk_states.py), which
+    # every kernel reads as bf16 operands anyway, bar the backward scan's d(λ^L) sum: dλ (tensor
+    # 6) moves from the PyTorch path's fp32 states by 4.0e-4 and 6.6e-4 (worst position 1.5e-3),
+    # held to 1e-3, below bf16's own 4.7e-3 on dλ against fp64 (docs/precision.md).
     tol = tol or {"tf32": 3e-4 if device == "cpu" else 1.5e-3, "bf16": 6e-5}
+    d_lam_bf16 = 1e-3
     shared.SEGMENT_TOKENS = 32 if device == "cpu" else 512
     try:
         for B, T, H, R, D, M, L, dt, starts, readout, _ in PRECISION_CASES:
@@ -219,7 +224,8 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
                 ref = run_chunked(p, device, "torch", reset, readout, L, precision)
                 for i, (a, b) in enumerate(zip(tri, ref, strict=True)):
                     what = f"{precision}: triton vs torch {T, R, D, M} tensor {i}"
-                    assert_rel(a, b, bound, what, max_tol=max(1e-4, 10 * bound))
+                    rmse = d_lam_bf16 if (precision == "bf16" and i == 6) else bound
+                    assert_rel(a, b, rmse, what, max_tol=max(1e-4, 10 * rmse))
                 gap = rel_rmse(ref[0], exact[0])  # the rounding is applied, and applied alike
                 assert gap > 10 * rel_rmse(tri[0], ref[0]), f"{precision}: rounding not applied"
                 assert rel_rmse(tri[0], exact[0]) > gap / 2, f"{precision}: kernels not rounded"
@@ -449,6 +455,21 @@ def check_parts_alone(device: str) -> None:
         st = kern.chunk_states(views[1], views[2], dec.end, dec.chunk, Z0, last, r)
         assert_rel(st, starts, 1e-5, f"chunk states (reset={r is not None})")
         assert_rel(last, Z_end, 1e-5, f"end state (reset={r is not None})")
+        # at bf16 products the states are stored in bf16 (the scan still carries fp32): the
+        # PyTorch path's fp32 states at bf16 rounded to nearest (0 of 768 entries off on CPU),
+        # bar entries whose fp32 sums, in another order on a GPU, land on the other side of a
+        # rounding boundary (one bf16 step); truncating would be off in about half of them
+        st16 = kern.chunk_states(
+            views[1], views[2], dec.end, dec.chunk, Z0, last, r, precision="bf16"
+        )
+        starts16, Z_end16 = shared.TorchChunkOps("bf16").chunk_states(zT, dec, Z0, masks)
+        assert st16.dtype == torch.bfloat16, "bf16 chunk states: dtype"
+        step = torch.finfo(torch.bfloat16).eps * starts16.abs()
+        off = (st16.float() - starts16.to(torch.bfloat16).float()).abs()
+        assert (off <= step).all(), f"bf16 chunk states: {off.max():.3e} off (reset={r})"
+        assert (off > 0).float().mean() < 0.05, "bf16 chunk states: rounded elsewhere"
+        assert last.dtype == torch.float32, "bf16 chunk states: the end state stays fp32"
+        assert_rel(last, Z_end16, 1e-5, f"end state at bf16 (reset={r is not None})")
         p1 = torch.empty(B, H, N, L, 2 * M, device=device)
         kern.intra_chunk_pass1(views[0], views[1], starts, dec.start, dec.end, p1, r)
         assert_rel(p1, f.p, 1e-5, f"pass 1 (reset={r is not None})")

@@ -153,7 +153,8 @@ def _with_G(p_heads, G, precision):
 
 
 def _states(kern, pv: _Views, k, v, Z, last, contain, precision, BL):
-    """One piece's chunk-start states (B, H, n, R+D, 2M) fp32, its end state written into last."""
+    """One piece's chunk-start states (B, H, n, R+D, 2M) (bf16 at precision "bf16", else fp32),
+    its end state written into last (fp32)."""
     return kern.chunk_states(
         pv.chunks(k), pv.chunks(v), pv.dec.end, pv.dec.chunk, Z, last, pv.reset, precision,
         contain, BL,
