@@ -207,10 +207,11 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
     # Each run is also held to be that far off IEEE.
     # At bf16 the kernels store the chunk-start states in bf16 (kernels/chunk_states.py), which
     # every kernel reads as bf16 operands anyway, bar the backward scan's d(λ^L) sum: dλ (tensor
-    # 6) moves from the PyTorch path's fp32 states by 4.0e-4 and 6.6e-4 (worst position 1.5e-3),
-    # held to 1e-3, below bf16's own 4.7e-3 on dλ against fp64 (docs/precision.md).
+    # 6) moves from the PyTorch path's fp32 states by 4.0e-4 and 6.6e-4 relative RMSE (worst
+    # position 1.4e-3 and 1.5e-3), held to 1e-3 and 3e-3, below bf16's own 4.7e-3 on dλ against
+    # fp64 (docs/precision.md).
     tol = tol or {"tf32": 3e-4 if device == "cpu" else 1.5e-3, "bf16": 6e-5}
-    d_lam_bf16 = 1e-3
+    d_lam, d_lam_bf16 = 6, (1e-3, 3e-3)
     shared.SEGMENT_TOKENS = 32 if device == "cpu" else 512
     try:
         for B, T, H, R, D, M, L, dt, starts, readout, _ in PRECISION_CASES:
@@ -224,8 +225,10 @@ def check_chunked_precisions(device: str, tol: dict | None = None) -> None:
                 ref = run_chunked(p, device, "torch", reset, readout, L, precision)
                 for i, (a, b) in enumerate(zip(tri, ref, strict=True)):
                     what = f"{precision}: triton vs torch {T, R, D, M} tensor {i}"
-                    rmse = d_lam_bf16 if (precision == "bf16" and i == 6) else bound
-                    assert_rel(a, b, rmse, what, max_tol=max(1e-4, 10 * rmse))
+                    rmse, worst = (bound, max(1e-4, 10 * bound))
+                    if precision == "bf16" and i == d_lam:
+                        rmse, worst = d_lam_bf16
+                    assert_rel(a, b, rmse, what, max_tol=worst)
                 gap = rel_rmse(ref[0], exact[0])  # the rounding is applied, and applied alike
                 assert gap > 10 * rel_rmse(tri[0], ref[0]), f"{precision}: rounding not applied"
                 assert rel_rmse(tri[0], exact[0]) > gap / 2, f"{precision}: kernels not rounded"
