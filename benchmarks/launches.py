@@ -34,7 +34,7 @@ from typing import NamedTuple
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -96,9 +96,11 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if not func.is_view:
+        # aten.to is marked a view (it may return its input), but a cast is a kernel and a copy
+        cast = func.__name__.split(".")[0] == "to" and out is not args[0]
+        if cast or not func.is_view:
             self.allocated += sum(_nbytes(t) for t in outs if not any(t is i for i in ins))
-        if _launches_nothing(func):
+        if _launches_nothing(func) and not cast:
             return out
         name = func.__name__.split(".")[0]
         extra = {"scan": args[0].shape[args[1]]} if name == "cummax" else {}
@@ -155,22 +157,55 @@ _SPLIT_ENDS_SKIP = {"st_ptr", "poison_ptr", "ginc_ptr"}
 
 def _traffic(named: dict, tokens: int) -> int:
     """HBM bytes of a Triton launch: every tensor argument with at least one value per
-    token·head is read or written once; per-head tables (decays, Ĝ) stay in L2."""
+    token·head is read or written once (one passed as two arguments, once); per-head tables
+    (decays, Ĝ) stay in L2."""
     skip = _SPLIT_ENDS_SKIP if named.get("PHASE") == 1 else set()
-    return sum(
-        _nbytes(t)
+    tensors = {
+        id(t): t
         for k, t in named.items()
         if isinstance(t, torch.Tensor) and t.numel() >= tokens and k not in skip
-    )
+    }
+    return sum(_nbytes(t) for t in tensors.values())
+
+
+# The engine's cuBLAS GEMMs: on meta tensors numerics takes its CPU branch, which emulates bf16
+# operands in fp32; on CUDA, at precision "bf16", each fp32 operand is first cast to bf16 (a
+# kernel and a copy) and the GEMM reads bf16 (the same launches otherwise).
+_GEMMS = ("matmul", "baddbmm")
+
+
+def _as_on_cuda(gemm):
+    def on_cuda(*args):
+        *tensors, precision = args
+        if precision != "bf16":
+            return gemm(*args)
+        *acc, a, b = tensors
+        out = torch.bmm(a.to(torch.bfloat16), b.to(torch.bfloat16), out_dtype=torch.float32)
+        if not acc:
+            return out
+        with _disable_current_modes():  # baddbmm's add is the GEMM's epilogue: no launch
+            return out + acc[0]
+
+    return on_cuda
 
 
 @contextlib.contextmanager
 def gpu_route(launches: list[Launch], tokens: int):
     """Run the chunked op as on a CUDA tensor, recording its launches and skipping the kernels;
     yields the recorder (its ``allocated`` bytes)."""
+    import importlib
+
     from triton.runtime.interpreter import InterpretedFunction
 
-    from idmix.functional.interdomain import numerics, shared, validation
+    def interdomain(*names):  # the modules of those names the checked-out code has
+        found = []
+        for name in names:
+            with contextlib.suppress(ImportError):
+                found.append(importlib.import_module(f"idmix.functional.interdomain.{name}"))
+        return found
+
+    # this code keeps the segment sizes in shared.py; aa05976 (the cost model's fit) in chunked.py
+    shared = next(m for m in interdomain("shared", "chunked") if hasattr(m, "SEGMENT_TOKENS"))
 
     def cuda_segment_tokens(q, L):
         per_row = shared.GPU_SEGMENT_TOKEN_HEADS // max(1, q.shape[0] * q.shape[2])
@@ -200,20 +235,19 @@ def gpu_route(launches: list[Launch], tokens: int):
             return contextlib.nullcontext()
         return autocast(device_type, *args, **kwargs)
 
-    import importlib
-
     patches = [(torch, "autocast", meta_autocast), (InterpretedFunction, "run", record)]
-    patches += [(numerics, "check_values", lambda x: False)]
+    for engine in interdomain("triton_engine"):
+        patches += [(engine, name, _as_on_cuda(getattr(engine, name))) for name in _GEMMS]
+    patches += [
+        (module, "check_values", lambda x: False)
+        for module in interdomain("numerics", "nonfinite", "validation")
+        if hasattr(module, "check_values")
+    ]
     with contextlib.suppress(ImportError):  # code before the split scans has none
         splits = importlib.import_module("idmix_kernels.scan_splits")
         patches += [(splits, "target_programs", lambda device: SMS)]
-    patches += [(validation, "check_values", lambda x: False)]
-    for name in ("driver", "triton_engine"):
-        try:
-            module = importlib.import_module(f"idmix.functional.interdomain.{name}")
-        except ImportError:
-            continue
-        patches.append((module, "segment_tokens", cuda_segment_tokens))
+    modules = interdomain("driver", "triton_engine", "chunked_op", "chunked_kernels")
+    patches += [(m, "segment_tokens", cuda_segment_tokens) for m in modules]
     saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
     for obj, attr, value in patches:
         setattr(obj, attr, value)
@@ -241,25 +275,19 @@ def count(B, T, H, R=64, D=64, M=64, dtype=torch.bfloat16, precision="ieee", res
     """(forward launches, backward launches, {"forward", "backward": bytes allocated}) of one
     forward+backward of the chunked op on the GPU route. precision "ieee" stands for "tf32" (on
     CUDA a flag, the same launches and buffers); "bf16" stores the chunk-start states in bf16."""
-    from idmix.functional import interdomain_attention
+    import idmix.functional as F
 
     q, k, v, lam_ri, beta_ri, G_hat = op_inputs(B, T, H, R, D, M, dtype)
     starts = torch.zeros(B, T, dtype=torch.bool, device="meta") if reset else None
     tokens = B * T * H
     fwd, bwd = [], []
+    kwargs = dict(backend="triton", precision=precision, reset=starts)
+    if hasattr(F, "interdomain_attention_real"):  # aa05976's entry (the cost model's fit)
+        op = F.interdomain_attention_real
+    else:
+        op, kwargs = F.interdomain_attention, kwargs | dict(output_final_state=True)
     with gpu_route(fwd, tokens) as forward:
-        o, _ = interdomain_attention(
-            q,
-            k,
-            v,
-            lam_ri,
-            beta_ri,
-            G_hat,
-            backend="triton",
-            precision=precision,
-            reset=starts,
-            output_final_state=True,
-        )
+        o, _ = op(q, k, v, lam_ri, beta_ri, G_hat, **kwargs)
     do = torch.empty_like(o)
     with gpu_route(bwd, tokens) as backward:
         torch.autograd.backward(o, do)
