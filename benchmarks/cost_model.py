@@ -201,10 +201,11 @@ def report(old: dict, new: dict, new_bf16: dict):
             f"{n[T][1] / nb[T][1]:.2f}x", f"{sdpa_fb / nb[T][1]:.2f}x",
         ])  # fmt: skip
     sections.append((
-        "This code at precision=\"bf16\" (bf16 products, bf16 chunk-start states), predicted (ms; "
-        "fp32 states: bf16 products alone; × = this code at TF32 predicted / this, and SDPA flash "
-        "measured / this)",
-        ["T", "B", "fwd", "fp32 states", "vs TF32", "vs SDPA", "f+b", "fp32 states", "vs TF32",
+        "This code at precision=\"bf16\" (bf16 products; the buffers read only as product "
+        "operands in bf16: chunk-start states, p, dw̃, the increments' gradients), predicted (ms; "
+        "fp32 buffers: bf16 products alone; × = this code at TF32 predicted / this, and SDPA "
+        "flash measured / this)",
+        ["T", "B", "fwd", "fp32 buffers", "vs TF32", "vs SDPA", "f+b", "fp32 buffers", "vs TF32",
          "vs SDPA"],
         rows,
     ))  # fmt: skip

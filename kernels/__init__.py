@@ -20,7 +20,7 @@ from .selective_intra import (
     selective_pass1,
     selective_pass2,
 )
-from .tiles import block
+from .tiles import block, operand_dtype
 
 __all__ = [
     "Containment",
@@ -38,6 +38,7 @@ __all__ = [
     "intra_chunk_pass2",
     "intra_chunk_pass2_backward",
     "nonfinite_flags",
+    "operand_dtype",
     "selective_pair_grads",
     "selective_pair_sums",
     "selective_pass1",

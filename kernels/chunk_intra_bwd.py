@@ -163,7 +163,8 @@ def _pass2_bwd_lag_kernel(
 )
 @triton.jit(do_not_specialize=["N", "L"])
 def _pass2_bwd_state_kernel(
-    do_ptr, p_ptr, g_ptr, st_ptr, dstart_ptr, reset_ptr, poison_ptr, dxv_ptr, dw_ptr, gstart_ptr,
+    do_ptr, p_ptr, g_ptr, st_ptr, dstart_ptr, reset_ptr, poison_ptr, dxv_ptr, dw_ptr, dwout_ptr,
+    gstart_ptr,
     H, N, L, R, D, M,
     s_ob, s_oh, s_on, s_ol,
     s_wb, s_wh, s_wn, s_wl,
@@ -177,7 +178,9 @@ def _pass2_bwd_state_kernel(
     BL: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     """du = do Xᵛ (the start state's read); dXᵛ = doᵀ u with u = conj(λ^{t+1}) ⊙ w̃;
-    dw̃ += λ^{t+1} ⊙ du; the start partial conj(du) ⊙ w̃; w̃ = Ĝ p formed block by block."""
+    dw̃ = (the lag part at dw_ptr) + λ^{t+1} ⊙ du, stored at dwout_ptr (dw_ptr itself, or a
+    buffer of its strides in the operands' dtype); the start partial conj(du) ⊙ w̃; w̃ = Ĝ p
+    formed block by block."""
     b, h, n = program_bhn(H, N)
     ll, dd = tl.arange(0, BL), tl.arange(0, BD)
     if HAS_RESET:
@@ -189,6 +192,7 @@ def _pass2_bwd_state_kernel(
     sv_base = st_ptr + b * s_sb + h * s_sh + n * s_sn + R * s_sc
     dxv_base = dxv_ptr + b * s_xb + h * s_xh + n * s_xn
     dw_base = dw_ptr + b * s_wb + h * s_wh + n * s_wn
+    dwout_base = dwout_ptr + b * s_wb + h * s_wh + n * s_wn
     gs_base = gstart_ptr + b * s_wb + h * s_wh + n * s_wn
     for m0 in range(0, M, BM):
         cc = 2 * m0 + tl.arange(0, 2 * BM)
@@ -201,7 +205,7 @@ def _pass2_bwd_state_kernel(
             u = tl.where(valid[:, None], u, 0.0)
         store_tile(dxv_base, dd, cc, s_xd, 1, D, 2 * M, mma(tl.trans(do), u, None, PREC))
         dw = load_tile(dw_base, ll, cc, s_wl, 1, L, 2 * M) + cmul(start, du, False)
-        store_tile(dw_base, ll, cc, s_wl, 1, L, 2 * M, dw)
+        store_tile(dwout_base, ll, cc, s_wl, 1, L, 2 * M, dw)
         store_tile(gs_base, ll, cc, s_wl, 1, L, 2 * M, cmul(du, w, True))
 
 
@@ -331,14 +335,15 @@ def _pass1_bwd_state_kernel(
 
 def intra_chunk_pass2_backward(
     do, p, G_hat, v, starts, d_start, d_end, key_dim, dv, dw, g_end, g_start, dxv,
-    reset=None, poison=None, precision="ieee", BL=None,
+    reset=None, poison=None, precision="ieee", BL=None, dw_out=None,
 ):  # fmt: skip
     """do, v: (B, H, n, L, D) chunk views of the (B, T, H, D) output gradient and input; p:
-    (B, H, n, L, 2M) (pass 1's) and G_hat (H, 2M, 2M), w̃ = Ĝ p formed on chip; starts,
-    d_start, d_end, reset, precision, BL as in intra_chunk_pass1; key_dim: R; poison as in
-    intra_chunk_pass2. Writes dv (B, H, n, L, D) fp32 (the intra-chunk part), dw, g_end,
-    g_start (p's shape and strides: dw̃ and the per-program decay partials, fp32) and dxv
-    (B, H, n, D, 2M) fp32."""
+    (B, H, n, L, 2M) (pass 1's, fp32 or bf16) and G_hat (H, 2M, 2M), w̃ = Ĝ p formed on chip;
+    starts, d_start, d_end, reset, precision, BL as in intra_chunk_pass1; key_dim: R; poison as
+    in intra_chunk_pass2. Writes dv (B, H, n, L, D) fp32 (the intra-chunk part), dw, g_end,
+    g_start (p's shape and strides, fp32: the lag part of dw̃, then the whole of it unless
+    dw_out is given, and the per-program decay partials), dw_out (dw's shape and strides, any
+    float dtype, or None: dw̃ into dw) and dxv (B, H, n, D, 2M) fp32."""
     B, H, N, L, twoM = p.shape
     R, D = key_dim, v.shape[-1]
     r, s_rb, s_rn, has_reset = reset_args(reset, p)
@@ -357,7 +362,8 @@ def intra_chunk_pass2_backward(
             BK=min(block(D), 32),
         )  # fmt: skip
         _pass2_bwd_state_kernel[(B * H * N,)](
-            do, p, G_hat, starts, d_start, r, f, dxv, dw, g_start,
+            do, p, G_hat, starts, d_start, r, f, dxv, dw, dw if dw_out is None else dw_out,
+            g_start,
             H, N, L, R, D, twoM // 2,
             *do.stride()[:4], *p.stride()[:4], *G_hat.stride(), *starts.stride()[:4],
             *d_start.stride()[:2],
@@ -369,11 +375,12 @@ def intra_chunk_pass1_backward(
     dw, G_hat, q, k, starts, d_start, d_end, dq_lag, dkT, dxk, g_end, g_start, dq,
     reset=None, precision="ieee", BL=None,
 ):  # fmt: skip
-    """dw: (B, H, n, L, 2M) gradient of w̃ (g_end and g_start share its shape and strides and
-    are added into); G_hat: (H, 2M, 2M), dp = dw̃ Ĝ formed on chip; q, k: chunk views of the
-    (B, T, H, R) inputs; other arguments as in intra_chunk_pass1. Writes dq_lag (B, H, n, L, R)
-    fp32 (scratch), dkT (B, H, n, R, L) fp32 (the intra-chunk part of dk), dxk (B, H, n, R, 2M)
-    fp32 and dq, the chunk view of the (B, T, H, R) gradient in its dtype."""
+    """dw: (B, H, n, L, 2M) gradient of w̃, fp32 or bf16 (g_end and g_start share its shape
+    and strides, fp32, and are added into); G_hat: (H, 2M, 2M), dp = dw̃ Ĝ formed on chip; q,
+    k: chunk views of the (B, T, H, R) inputs; other arguments as in intra_chunk_pass1. Writes
+    dq_lag (B, H, n, L, R) fp32 (scratch), dkT (B, H, n, R, L) fp32 (the intra-chunk part of
+    dk), dxk (B, H, n, R, 2M) fp32 and dq, the chunk view of the (B, T, H, R) gradient in its
+    dtype."""
     B, H, N, L, R = q.shape
     twoM = dw.shape[-1]
     r, s_rb, s_rn, has_reset = reset_args(reset, q)

@@ -43,6 +43,7 @@ from .tiles import (
     load_tile,
     mma,
     on_device,
+    operand_dtype,
     reset_args,
     split_pairs,
     store_tile,
@@ -278,8 +279,7 @@ def chunk_states(
     and the backward's d(λ^L) sum; the scan itself carries fp32), fp32 otherwise."""
     B, H, N, L, R = k.shape
     C, M = R + v.shape[-1], end.shape[-1] // 2
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    starts = torch.empty(B, H, N, C, 2 * M, dtype=dtype, device=k.device)
+    starts = torch.empty(B, H, N, C, 2 * M, dtype=operand_dtype(precision), device=k.device)
     r, s_rb, s_rn, has_reset = reset_args(reset, k)
     c = contain
     f = c.flags if c else r
@@ -312,19 +312,22 @@ def chunk_states(
 
 
 def chunk_states_backward(
-    dXk, dXv, dZ_end, chunk, starts, L, reset=None, end_poison=None, BL=None, splits=None
-):
+    dXk, dXv, dZ_end, chunk, starts, L, reset=None, end_poison=None, BL=None, splits=None,
+    precision="ieee",
+):  # fmt: skip
     """dXk: (B, H, N, R, 2M), dXv: (B, H, N, D, 2M) the gradients of the chunk-start states;
     dZ_end: (B, H, C, 2M) or None (zeros); chunk: (H, 2M) λ^L (any strides); starts: the
     forward's (B, H, N, C, 2M) (fp32 or bf16); L: the chunk length; reset and splits as in
     chunk_states; end_poison: (B, H) int8 or None (heads whose final state was set to NaN
-    pass no dZ_end). Returns (the increments' gradients G_1..G_N (B, H, N, C, 2M), dZ0 (B, H,
-    C, 2M), the per-program gradient of λ^L (B, H, splits × channel blocks, 2M) to be summed
-    over its first three dims), fp32."""
+    pass no dZ_end); precision: of the products that read the increments' gradients
+    (input_grads). Returns (the increments' gradients G_1..G_N (B, H, N, C, 2M): bf16 at
+    precision "bf16", which input_grads reads only as product operands, else fp32; dZ0 (B, H,
+    C, 2M) fp32; the per-program gradient of λ^L (B, H, splits × channel blocks, 2M) fp32, to be
+    summed over its first three dims)."""
     dXk, dXv, starts = unit_last_stride(dXk, dXv, starts)
     B, H, N, R, twoM = dXk.shape
     C, M = R + dXv.shape[3], twoM // 2
-    g_inc = torch.empty(B, H, N, C, twoM, dtype=torch.float32, device=dXk.device)
+    g_inc = torch.empty(B, H, N, C, twoM, dtype=operand_dtype(precision), device=dXk.device)
     g0 = torch.empty(B, H, C, twoM, dtype=torch.float32, device=dXk.device)
     r, s_rb, s_rn, has_reset = reset_args(reset, dXk)
     dz = dZ_end if dZ_end is not None else g0

@@ -19,6 +19,15 @@ import triton.language as tl
 IEEE, TF32, BF16 = 0, 1, 2
 PRECISION_CODES = {"ieee": IEEE, "tf32": TF32, "bf16": BF16}
 
+
+def operand_dtype(precision: str) -> torch.dtype:
+    """The dtype of a buffer every kernel reads only as a product operand: bf16 at precision
+    "bf16" (a bf16 operand rounds it on load anyway, to nearest even as a bf16 store does, so
+    storing it in bf16 changes no result), fp32 otherwise (TF32 keeps 10 mantissa bits, and
+    fp16's range does not bound an undecayed sum)."""
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # An explicit register cap: without one ptxas sizes some kernels to as few as 32-64 registers
 # and spills the rest (measured: benchmarks/offline_compile.py), though 255 are free to use.

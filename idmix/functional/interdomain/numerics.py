@@ -63,16 +63,24 @@ def _cuda_tf32():
         flags.allow_tf32 = before
 
 
+def _result_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
+    """fp32, or fp64 where an operand is: an operand stored in bf16 (precision "bf16") still
+    gives an fp32 product."""
+    return torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, precision: str = "ieee") -> torch.Tensor:
-    """a @ b with operands at precision and an fp32 (a's dtype) result."""
+    """a @ b with operands at precision and an fp32 result (fp64 for fp64 operands); at
+    precision "bf16" either may be stored in bf16 (its values are the operands)."""
     if precision == "ieee":
         return a @ b
+    dtype = _result_dtype(a, b)
     if a.is_cuda:
         if precision == "bf16":
-            return _bf16_matmul(a.to(torch.bfloat16), b.to(torch.bfloat16), a.dtype)
+            return _bf16_matmul(a.to(torch.bfloat16), b.to(torch.bfloat16), dtype)
         with _cuda_tf32():
             return a @ b
-    return rounded(a, precision) @ rounded(b, precision)
+    return rounded(a, precision).to(dtype) @ rounded(b, precision).to(dtype)
 
 
 def _bf16_matmul(a16: torch.Tensor, b16: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -86,7 +94,8 @@ def _bf16_matmul(a16: torch.Tensor, b16: torch.Tensor, dtype: torch.dtype) -> to
 
 
 def baddbmm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, precision: str = "ieee"):
-    """acc + a @ b (3-D, batched), operands at precision, fp32 accumulation."""
+    """acc + a @ b (3-D, batched), operands at precision (at "bf16" either may be stored in
+    bf16), accumulated in acc's dtype."""
     if precision == "ieee":
         return torch.baddbmm(acc, a, b)
     if a.is_cuda and precision == "bf16":
@@ -94,7 +103,9 @@ def baddbmm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, precision: str 
     if a.is_cuda:
         with _cuda_tf32():
             return torch.baddbmm(acc, a, b)
-    return torch.baddbmm(acc, rounded(a, precision), rounded(b, precision))
+    return torch.baddbmm(
+        acc, rounded(a, precision).to(acc.dtype), rounded(b, precision).to(acc.dtype)
+    )
 
 
 # --- compiled pieces: one Inductor cache for every caller ---

@@ -125,9 +125,9 @@ class _Views:
     def positions(self, x):
         return x[:, :, self.t0 : self.t1]
 
-    def per_head(self, H, B, M2, like):
-        """An (H, B, n, L, 2M) fp32 buffer and its (B, H, n, L, 2M) view."""
-        buf = like.new_empty(H, B, self.n, self.Lp, M2, dtype=torch.float32)
+    def per_head(self, H, B, M2, like, dtype=torch.float32):
+        """An (H, B, n, L, 2M) buffer and its (B, H, n, L, 2M) view."""
+        buf = like.new_empty(H, B, self.n, self.Lp, M2, dtype=dtype)
         return buf, buf.transpose(0, 1)
 
 
@@ -161,10 +161,10 @@ def _states(kern, pv: _Views, k, v, Z, last, contain, precision, BL):
     )  # fmt: skip
 
 
-def _p(kern, pv: _Views, q, k, st, M2, precision, BL):
-    """p on one piece by pass 1: (p (H, B, n, L, 2M), its (B, H, n, L, 2M) view)."""
+def _p(kern, pv: _Views, q, k, st, M2, precision, BL, dtype=torch.float32):
+    """p on one piece by pass 1: (p (H, B, n, L, 2M) in dtype, its (B, H, n, L, 2M) view)."""
     H, B = q.shape[2], q.shape[0]
-    p, p_bh = pv.per_head(H, B, M2, q)
+    p, p_bh = pv.per_head(H, B, M2, q, dtype)
     kern.intra_chunk_pass1(
         pv.chunks(q), pv.chunks(k), st, pv.dec.start, pv.dec.end, p_bh, pv.reset, precision, BL
     )
@@ -274,6 +274,7 @@ def chunked_kernels_backward(
     scratch = q.new_empty(B, H, R + D, 2 * M, dtype=torch.float32)
     grads = _TableGrads(dec)
     dG, dZ = None, dZ_end
+    operands = kern.operand_dtype(precision)
     f32 = dict(dtype=torch.float32)
     for i in reversed(range(len(pieces))):
         pv = _Views(pieces[i], L, dec, reset8)
@@ -281,15 +282,19 @@ def chunked_kernels_backward(
         qv, kv, vv = pv.chunks(q), pv.chunks(k), pv.chunks(v)
         Zi = Z0 if i == 0 else bounds[i - 1]
         st = _states(kern, pv, k, v, Zi, scratch, None, precision, BL)
-        p, p_bh = _p(kern, pv, q, k, st, 2 * M, precision, BL)
-        dw, dw_bh = pv.per_head(H, B, 2 * M, q)
+        # p and the whole dw̃ are read only as product operands (w̃ = Ĝ p and dp = dw̃ Ĝ on
+        # chip, dĜ's GEMM): at bf16 products they are stored in bf16, dw̃'s lag part in fp32
+        p, p_bh = _p(kern, pv, q, k, st, 2 * M, precision, BL, operands)
+        dw_lag, dw_lag_bh = pv.per_head(H, B, 2 * M, q)
+        in_place = operands == torch.float32
+        dw, dw_bh = (dw_lag, dw_lag_bh) if in_place else pv.per_head(H, B, 2 * M, q, operands)
         ge, ge_bh = pv.per_head(H, B, 2 * M, q)
         gs, gs_bh = pv.per_head(H, B, 2 * M, q)
         dv_in = q.new_empty(B, H, pv.n, pv.Lp, D, **f32)
         dxv = q.new_empty(B, H, pv.n, D, 2 * M, **f32)
         kern.intra_chunk_pass2_backward(
-            pv.chunks(do), p_bh, G_hat, vv, st, pv.dec.start, pv.dec.end, R, dv_in, dw_bh, ge_bh,
-            gs_bh, dxv, pv.reset, pv.positions(poison), precision, BL,
+            pv.chunks(do), p_bh, G_hat, vv, st, pv.dec.start, pv.dec.end, R, dv_in, dw_lag_bh,
+            ge_bh, gs_bh, dxv, pv.reset, pv.positions(poison), precision, BL, dw_out=dw_bh,
         )  # fmt: skip
         dw_rows, p_rows = dw.view(H, -1, 2 * M), p.view(H, -1, 2 * M)
         dG = (
@@ -305,8 +310,9 @@ def chunked_kernels_backward(
             pv.chunks(dq), pv.reset, precision, BL,
         )  # fmt: skip
         g_inc, dZ, d_chunk = kern.chunk_states_backward(
-            dxk, dxv, dZ, pv.dec.chunk, st, pv.Lp, pv.reset, carry[-1] if final else None, BL
-        )
+            dxk, dxv, dZ, pv.dec.chunk, st, pv.Lp, pv.reset, carry[-1] if final else None, BL,
+            precision=precision,
+        )  # fmt: skip
         kern.input_grads(
             g_inc, pv.dec.end, kv, vv, dkT, dv_in, ge_bh, pv.chunks(dk), pv.chunks(dv),
             pv.reset, precision, BL,
