@@ -175,10 +175,10 @@ _GEMMS = ("matmul", "baddbmm")
 
 
 def _as_on_cuda(gemm):
-    def on_cuda(*args):
+    def on_cuda(*args, **kwargs):
         *tensors, precision = args
         if precision != "bf16":
-            return gemm(*args)
+            return gemm(*args, **kwargs)
         *acc, a, b = tensors
         out = torch.bmm(a.to(torch.bfloat16), b.to(torch.bfloat16), out_dtype=torch.float32)
         if not acc:

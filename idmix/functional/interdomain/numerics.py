@@ -63,18 +63,15 @@ def _cuda_tf32():
         flags.allow_tf32 = before
 
 
-def _result_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
-    """fp32, or fp64 where an operand is: an operand stored in bf16 (precision "bf16") still
-    gives an fp32 product."""
-    return torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
-
-
-def matmul(a: torch.Tensor, b: torch.Tensor, precision: str = "ieee") -> torch.Tensor:
-    """a @ b with operands at precision and an fp32 result (fp64 for fp64 operands); at
-    precision "bf16" either may be stored in bf16 (its values are the operands)."""
+def matmul(
+    a: torch.Tensor, b: torch.Tensor, precision: str = "ieee", dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """a @ b with operands at precision and the result in dtype (default a's: fp32 for the
+    op's fp32 operands); at precision "bf16" either may be stored in bf16 (its values are the
+    operands)."""
     if precision == "ieee":
         return a @ b
-    dtype = _result_dtype(a, b)
+    dtype = dtype or a.dtype
     if a.is_cuda:
         if precision == "bf16":
             return _bf16_matmul(a.to(torch.bfloat16), b.to(torch.bfloat16), dtype)

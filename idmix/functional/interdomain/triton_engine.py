@@ -298,7 +298,7 @@ def chunked_kernels_backward(
         )  # fmt: skip
         dw_rows, p_rows = dw.view(H, -1, 2 * M), p.view(H, -1, 2 * M)
         dG = (
-            matmul(dw_rows.mT, p_rows, precision)
+            matmul(dw_rows.mT, p_rows, precision, dtype=torch.float32)
             if dG is None
             else baddbmm(dG, dw_rows.mT, p_rows, precision)
         )
