@@ -31,6 +31,18 @@ def launches(tmp_path, *args) -> dict:
     return json.loads(out.read_text())
 
 
+def in_benchmarks(code: str) -> str:
+    """What code prints, run in a child in benchmarks/ under the interpreter (importing launches
+    sets TRITON_INTERPRET, which must not leak into pytest)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env,
+        cwd=ROOT / "benchmarks", timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+    return run.stdout.strip()
+
+
 def torch_ops(rows) -> list[str]:
     return [r["name"] for r in rows if r["kind"] == "torch" for _ in range(r["n"])]
 
@@ -104,12 +116,7 @@ def test_the_count_sees_a_cast_inside_a_custom_op():
         "    torch.ops.idmix.count_test_cast(x)\n"
         "print([x.name for x in rows], r.allocated)"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env,
-        cwd=ROOT / "benchmarks", timeout=120,
-    )  # fmt: skip
-    assert run.stdout.strip() == "['to'] 64", run.stdout + run.stderr[-2000:]
+    assert in_benchmarks(code) == "['to'] 64"
 
 
 def test_the_counted_mode_block_is_the_one_sm90_runs():
@@ -117,13 +124,8 @@ def test_the_counted_mode_block_is_the_one_sm90_runs():
     code = (
         "import launches; from idmix_kernels.chunk_output import _SPACE; "
         "print({bm for _, bm in _SPACE.sm90} == {launches.OUTPUT_BM_SM90})"
-    )  # in a child: importing launches sets TRITON_INTERPRET, which must not leak into pytest
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env,
-        cwd=ROOT / "benchmarks", timeout=120,
-    )  # fmt: skip
-    assert run.stdout.strip() == "True", run.stdout + run.stderr[-2000:]
+    )
+    assert in_benchmarks(code) == "True"
 
 
 def test_resets_and_a_ragged_tail_add_no_glue(tmp_path):
