@@ -15,10 +15,13 @@ and its mixers are probed (output RMS by position, SSM gradient sizes). Writes t
   seeds, perplexity by context length and its k×/1× ratio, ratio to the reference mixer;
 - ``compare_curves.png``: validation loss against training tokens and against wall-clock;
 - ``compare_context.png``: perplexity against evaluation context length;
-- ``runs/<mixer>/lr<lr>/seed<seed>/``: each run's own directory (checkpoints, history).
+- ``runs/<mixer>/lr<lr>/seed<seed>/``: each run's own directory (checkpoints, history, and
+  ``record.json``: its parameters, tail training loss, validation points, scores and config).
 
 Runs already finished in ``output_dir`` with the same config are reused, unfinished ones are
-resumed, so an interrupted study continues where it stopped.
+resumed, so an interrupted study continues where it stopped. With ``records_dir`` every record
+is also written to ``records_dir/<mixer>/lr<lr>/seed<seed>/record.json`` and read from there
+first: a folder kept in git carries a long study across machines without its checkpoints.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ sweep; the table, JSON and plots; an interrupted study reuses its finished runs;
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,10 +69,34 @@ def test_compare_writes_table_json_and_plots_then_reuses_runs(tmp_path):
         assert (study / name).read_bytes()[:8] == PNG
     # 4 sweep/seed runs for interdomain + 2 for softmax, each in its own directory
     assert len(list((study / "runs").glob("*/lr*/seed*/model_final.pt"))) == 6
-    # a second run with overwrite reuses every finished run instead of training again
+    # a second run with overwrite reuses every finished run instead of training again: from
+    # its record, or from its checkpoint where the record is gone (then scored again)
+    (study / "runs" / "softmax" / "lr0.003" / "seed1" / "record.json").unlink()
     again = run(toy_config(tmp_path), "overwrite=True")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("reusing the finished run") == 6
+    assert again.stdout.count("reusing the recorded run") == 5
+    assert again.stdout.count("reusing the finished run") == 1
+    assert json.loads((study / "compare.json").read_text())["summary"] == data["summary"]
+
+
+def test_a_study_resumes_from_its_records_alone_and_refuses_a_record_of_another_run(tmp_path):
+    records = tmp_path / "records"
+    config = toy_config(tmp_path, records_dir=str(records), seeds=[0], extend_sweep=0)
+    first = run(config)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    assert len(list(records.glob("*/lr*/seed0/record.json"))) == 3
+    study = tmp_path / "study"
+    summary = json.loads((study / "compare.json").read_text())["summary"]
+    shutil.rmtree(study)  # another machine: the records alone, no checkpoint
+    again = run(config)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("reusing the recorded run") == 3
+    assert not (study / "runs").exists()  # nothing trained
+    assert json.loads((study / "compare.json").read_text())["summary"] == summary
+    other = run(config, "training.warmup_steps=2", "output_dir=" + str(tmp_path / "other"))
+    assert other.returncode != 0
+    assert "records a run with another config" in other.stderr
+    assert str(records / "interdomain" / "lr0.001" / "seed0" / "record.json") in other.stderr
 
 
 def test_rate_beyond_edge_continues_the_spacing_only_from_an_edge():

@@ -1,11 +1,13 @@
 """The mixer comparison behind ``recipes/compare_mixers.py`` (its docstring and docs/studies.md
 say what it measures): the config's checks, one pretraining run per mixer,
 learning rate and seed (``idmix.training.trainer``; a finished run with the same config is
-reused, an unfinished one resumed), and each finished model's scores and diagnostics. The report
-is ``compare_report.py``."""
+reused, an unfinished one resumed), and each finished model's scores and diagnostics, kept as the
+run's ``record.json`` (and in ``records_dir`` when set: a study spread over machines reuses its
+records without the checkpoints). The report is ``compare_report.py``."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -14,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchtune import config
 
 from ..io import checkpoint as ckpt
+from ..io.files import atomic_write_json
 from ..io.config_checks import boolean, check_components, check_keys, integer
 from ..io.model_description import read_yaml_data
 from ..training.pretrain_config import check_training_section
@@ -24,11 +27,12 @@ from .extrapolation import perplexity_by_context, token_stream
 KEYS = {
     "output_dir", "overwrite", "device", "seeds", "tokenizer", "dataset", "validation_dataset",
     "mixers", "reference", "training", "context_multiples", "context_tokens", "eval_batch_size",
-    "diagnostic_rows", "sweep", "extend_sweep",
+    "diagnostic_rows", "sweep", "extend_sweep", "records_dir",
 }  # fmt: skip
 # sweep: a list of rates the entries' lrs may interpolate (${sweep}); extend_sweep: how many
-# rates an entry's sweep may add beyond its edges while its best rate sits at one (default 0)
-OPTIONAL_KEYS = {"sweep", "extend_sweep"}
+# rates an entry's sweep may add beyond its edges while its best rate sits at one (default 0);
+# records_dir: a second home for every finished run's record.json (e.g. a folder kept in git)
+OPTIONAL_KEYS = {"sweep", "extend_sweep", "records_dir"}
 MIXER_KEYS = {"model", "lr", "lrs"}
 # what this recipe sets in each run's pretraining config; `training` holds the rest
 SET_PER_RUN = {
@@ -118,6 +122,13 @@ def _comparable(run_cfg: dict) -> dict:
     return {k: v for k, v in run_cfg.items() if k not in ("resume_from_checkpoint", "overwrite")}
 
 
+def _recorded_config(run_cfg: DictConfig) -> dict:
+    """What a record must match to be reused: the run's comparable config, less where its
+    checkpoints went."""
+    plain = _comparable(OmegaConf.to_container(run_cfg, resolve=True))
+    return {k: v for k, v in plain.items() if k != "output_dir"}
+
+
 def rate_beyond_edge(rates: list[float], best: float) -> float | None:
     """The next rate past the edge of the sorted sweep ``rates`` where ``best`` sits, continuing
     the spacing of the two outermost rates (two significant digits); None when best is inside
@@ -162,26 +173,29 @@ def study(cfg: DictConfig, out: Path) -> dict:
     tokenizer = config.instantiate(cfg.tokenizer)
     stream = token_stream(config.instantiate(cfg.validation_dataset), tokenizer)
     lengths = [int(cfg.training.seq_len) * m for m in cfg.context_multiples]
+
+    def run(name: str, lr: float, seed: int) -> dict:
+        return _recorded_run(cfg, out, name, lr, seed, lambda model: _evaluate(
+            model, cfg, stream, lengths))  # fmt: skip
+
     results = {}
     for name, entry in cfg.mixers.items():
         lrs = list(entry.lrs) if "lrs" in entry else [entry.lr]
-        first, sweep = _sweep(cfg, out, name, lrs)
+        first, sweep = _sweep(cfg, name, lrs, run)
         best = min(sweep, key=sweep.get)
-        runs = [first[best]] + [_train_run(cfg, out, name, best, s) for s in cfg.seeds[1:]]
-        for run in runs:
-            run.update(_evaluate(run.pop("model"), cfg, stream, lengths))
+        runs = [first[best]] + [run(name, best, s) for s in cfg.seeds[1:]]
         results[name] = {"lr": best, "sweep": sweep, "runs": runs}
     return results
 
 
-def _sweep(cfg, out: Path, name: str, lrs: list[float]) -> tuple[dict, dict]:
-    """The sweep on the first seed: ({lr: run}, {lr: tail training loss}) at every rate of lrs,
-    then up to cfg.extend_sweep rates past the edge while the best sits there."""
+def _sweep(cfg, name: str, lrs: list[float], run) -> tuple[dict, dict]:
+    """The sweep on the first seed: ({lr: run record}, {lr: tail training loss}) at every rate
+    of lrs, then up to cfg.extend_sweep rates past the edge while the best sits there."""
     first, sweep = {}, {}
 
     def try_rate(lr: float) -> None:
-        first[lr] = _train_run(cfg, out, name, lr, cfg.seeds[0])
-        sweep[lr] = _tail_loss(first[lr]["history"])
+        first[lr] = run(name, lr, cfg.seeds[0])
+        sweep[lr] = first[lr]["tail_loss"]
 
     for lr in lrs:
         try_rate(lr)
@@ -193,10 +207,36 @@ def _sweep(cfg, out: Path, name: str, lrs: list[float]) -> tuple[dict, dict]:
     return first, sweep
 
 
-def _train_run(cfg, out: Path, name: str, lr: float, seed: int) -> dict:
-    run_dir = out / "runs" / name / f"lr{lr:g}" / f"seed{seed}"
-    model, history, tokens_per_step, params = _train(
-        _run_config(cfg, name, lr, seed, run_dir), run_dir
-    )
-    return {"seed": seed, "lr": lr, "history": history, "params": params,
-            "tokens_per_step": tokens_per_step, "model": model}  # fmt: skip
+def _recorded_run(cfg, out: Path, name: str, lr: float, seed: int, evaluate) -> dict:
+    """One run's record: read from its record.json (in the run's directory or records_dir) when
+    one holds the same run, else trained (or resumed), scored by ``evaluate(model)`` and saved
+    to both. Keeps the validation-loss points and the last step of the history."""
+    where = Path(name) / f"lr{lr:g}" / f"seed{seed}"
+    run_dir = out / "runs" / where
+    run_cfg = _run_config(cfg, name, lr, seed, run_dir)
+    recorded = _recorded_config(run_cfg)
+    homes = [run_dir / "record.json"]
+    if cfg.get("records_dir"):
+        homes.insert(0, Path(cfg.records_dir) / where / "record.json")
+    for path in homes:
+        if path.is_file():
+            record = json.loads(path.read_text())
+            if record.get("config") == recorded:
+                print(f"reusing the recorded run {path}", flush=True)
+                return record
+            if not cfg.overwrite:
+                raise ValueError(
+                    f"config: {str(path)!r} records a run with another config; pass "
+                    "overwrite=True to train it again or choose another records_dir/output_dir"
+                )
+    model, history, tokens_per_step, params = _train(run_cfg, run_dir)
+    record = {
+        "seed": seed, "lr": lr, "params": params, "tokens_per_step": tokens_per_step,
+        "tail_loss": _tail_loss(history),
+        "history": [h for h in history[:-1] if "val_loss" in h] + history[-1:],
+        **evaluate(model), "config": recorded,
+    }  # fmt: skip
+    for path in homes:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, record)
+    return record
