@@ -270,12 +270,10 @@ def _chunked_calls(op, T, H, R, D, M, L, reset, precision, B, dtype):
     starts = torch.zeros(B, T, dtype=torch.bool)
     starts[:, T // 3] = True
     r = starts if reset else None
-    o, Z, bounds, poison, carry = op.chunked_kernels_forward(
-        q, k, v, lam, lam, G, None, None, r, L, precision
-    )
+    o, Z, *saved = op.chunked_kernels_forward(q, k, v, lam, lam, G, None, None, r, L, precision)
     op.chunked_kernels_backward(
-        torch.empty_like(o), torch.empty_like(Z), q, k, v, lam, lam, G, None, r, bounds, poison,
-        carry, L, precision,
+        torch.empty_like(o), torch.empty_like(Z), q, k, v, lam, lam, G, None, r, *saved, L,
+        precision,
     )  # fmt: skip
 
 

@@ -60,6 +60,8 @@ def test_one_forward_backward_is_its_kernels_and_a_few_gemms(tmp_path):
     scan = ["_states_fwd_kernel"] * 2  # split along T: 16 programs (kernels/scan_splits.py)
     assert triton == ["_tables_fwd_kernel", "_flags_kernel", *scan, "_output_kernel"]
     assert fwd == []  # p and w̃ stay on chip: no Ĝ GEMM between the forward's launches
+    backward = [r["name"] for r in counted["backward"] if r["kind"] == "triton"]
+    assert "_tables_fwd_kernel" not in backward  # the forward's decay tables are saved for it
 
 
 def test_only_scans_with_few_programs_are_split(tmp_path):

@@ -16,8 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from torchtune import config
 
 from ..io import checkpoint as ckpt
-from ..io.files import atomic_write_json
 from ..io.config_checks import boolean, check_components, check_keys, integer
+from ..io.files import atomic_write_json
 from ..io.model_description import read_yaml_data
 from ..training.pretrain_config import check_training_section
 from ..training.trainer import Trainer

@@ -5,8 +5,9 @@ the GPU training path. The forward launches the decay tables and the non-finite 
 per segment the chunk-start states and the output with p and w̃ = Ĝ p on chip
 (kernels/chunk_output.py), for heads of up to 64 features and modes at chunks of up to 64;
 others form p in pass 1, w̃ in one strided GEMM and o in pass 2.
-The backward recomputes p by pass 1; w̃ = Ĝ p and dp = dw̃ Ĝ are formed in the kernels that use
-them, and between its launches run only one strided GEMM (dĜ += dw̃ᵀ p) and three small sums.
+The backward reuses the forward's decay tables, recomputes the states and p by pass 1; w̃ = Ĝ p
+and dp = dw̃ Ĝ are formed in the kernels that use them, and between its launches run only one
+strided GEMM (dĜ += dw̃ᵀ p) and three small sums.
 
 What the kernels take care of, so that no PyTorch op has to (docs/gpu.md, "The GPU path"):
 - q, k, v, o and their gradients stay in their (B, T, H, ·) layout and dtype: the kernels read
@@ -184,11 +185,21 @@ def chunked_kernels_forward(
     reset: torch.Tensor | None,
     chunk_size: int,
     precision: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+]:
     """Returns (o (B, T, H, D) in q's dtype, NaN on poisoned rows; the final state (B, H, R+D,
     2M) fp32, NaN for a head whose last document is poisoned; the states at the segment
     boundaries (P-1, B, H, R+D, 2M); the poisoned rows (B, H, T) int8; the poison carried past
-    each segment (P+1, B, H) int8)."""
+    each segment (P+1, B, H) int8; the decay tables start, end (H, L, 2M) and chunk (H, 2M)
+    fp32, kept for the backward)."""
     kern = kernels_module()
     B, T, H, R = q.shape
     D, M, L = v.shape[-1], lam_ri.shape[1], chunk_size
@@ -226,7 +237,7 @@ def chunked_kernels_forward(
                 precision, BL,
             )  # fmt: skip
         Z = last
-    return o, Z_end, bounds, poison, carry
+    return o, Z_end, bounds, poison, carry, *dec
 
 
 @chunked_kernels_forward.register_fake
@@ -241,6 +252,9 @@ def _(q, k, v, lam_ri, beta_ri, G_hat, Z0, bad_init, reset, chunk_size, precisio
         q.new_empty(P - 1, B, H, C, M2, **f32),
         q.new_empty(B, H, T, dtype=torch.int8),
         q.new_empty(P + 1, B, H, dtype=torch.int8),
+        q.new_empty(H, chunk_size, M2, **f32),
+        q.new_empty(H, chunk_size, M2, **f32),
+        q.new_empty(H, M2, **f32),
     )
 
 
@@ -259,16 +273,20 @@ def chunked_kernels_backward(
     bounds: torch.Tensor,
     poison: torch.Tensor,
     carry: torch.Tensor,
+    start_table: torch.Tensor,
+    end_table: torch.Tensor,
+    chunk_table: torch.Tensor,
     chunk_size: int,
     precision: str,
 ) -> list[torch.Tensor]:
     """Gradients of (q, k, v, lam_ri, beta_ri, G_hat, Z0), recomputing each segment from the
-    state at its start; Z0's is computed whether or not Z0 was given."""
+    state at its start with the forward's decay tables; Z0's is computed whether or not Z0 was
+    given."""
     kern = kernels_module()
     B, T, H, R = q.shape
     D, M, L = v.shape[-1], lam_ri.shape[1], chunk_size
     pieces = _plan(q, L)
-    dec = ChunkDecays(*kern.decay_tables(lam_ri, beta_ri, L))
+    dec = ChunkDecays(start_table, end_table, chunk_table)
     dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
     reset8, BL = _uint8(reset), kern.block(L)
     scratch = q.new_empty(B, H, R + D, 2 * M, dtype=torch.float32)
@@ -350,7 +368,7 @@ class _TableGrads:
 
 
 @chunked_kernels_backward.register_fake
-def _(do, dZ_end, q, k, v, lam_ri, beta_ri, G_hat, Z0, reset, bounds, poison, carry, L, prec):
+def _(do, dZ_end, q, k, v, lam_ri, beta_ri, G_hat, Z0, reset, bounds, poison, carry, *_rest):
     B, _, H, R = q.shape
     C, M2 = R + v.shape[-1], 2 * lam_ri.shape[1]
     grads = [torch.empty_like(t) for t in (q, k, v, lam_ri, beta_ri, G_hat)]
@@ -359,17 +377,18 @@ def _(do, dZ_end, q, k, v, lam_ri, beta_ri, G_hat, Z0, reset, bounds, poison, ca
 
 def _setup_context(ctx, inputs, output):
     q, k, v, lam_ri, beta_ri, G_hat, Z0, _bad_init, reset, chunk_size, precision = inputs
-    _o, _Z, bounds, poison, carry = output
+    _o, _Z, bounds, poison, carry, *tables = output
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None, not zeros
     ctx.chunk_size, ctx.precision = chunk_size, precision
     ctx.has_Z0, ctx.has_reset = Z0 is not None, reset is not None
     extra = [t for t in (Z0, reset) if t is not None]
-    ctx.save_for_backward(q, k, v, lam_ri, beta_ri, G_hat, bounds, poison, carry, *extra)
-    ctx.mark_non_differentiable(bounds, poison, carry)
+    ctx.save_for_backward(q, k, v, lam_ri, beta_ri, G_hat, bounds, poison, carry, *tables, *extra)
+    ctx.mark_non_differentiable(bounds, poison, carry, *tables)
 
 
-def _backward(ctx, do, dZ_end, _d_bounds, _d_poison, _d_carry):
+def _backward(ctx, do, dZ_end, _d_bounds, _d_poison, _d_carry, *_d_tables):
     q, k, v, lam_ri, beta_ri, G_hat, bounds, poison, carry, *extra = ctx.saved_tensors
+    tables, extra = extra[:3], extra[3:]
     Z0 = extra.pop(0) if ctx.has_Z0 else None
     reset = extra.pop(0) if ctx.has_reset else None
     if do is None:
@@ -379,7 +398,7 @@ def _backward(ctx, do, dZ_end, _d_bounds, _d_poison, _d_carry):
     dZ_end = None if dZ_end is None else dZ_end.contiguous()
     grads = torch.ops.idmix.chunked_kernels_backward(
         do, dZ_end, q, k, v, lam_ri, beta_ri, G_hat, Z0, reset, bounds, poison, carry,
-        ctx.chunk_size, ctx.precision,
+        *tables, ctx.chunk_size, ctx.precision,
     )  # fmt: skip
     grads = refuse_double_backward(grads, (do, q, k, v, lam_ri, beta_ri, G_hat))
     dq, dk, dv, d_lam, d_beta, dG, dZ0 = grads
