@@ -10,7 +10,10 @@ Every mixer is trained once per learning rate in `lrs`; the rate with the best m
 on a validation draw (its own generator seed) is kept, and its scores on a separate test draw
 are reported (the sweep-and-report-the-best practice of MQAR benchmarks, without choosing on
 the reported rows). Exact match is teacher-forced argmax,
-which equals greedy decoding of the whole answer. Writes recall.{md,json,png} to output_dir.
+which equals greedy decoding of the whole answer. Writes recall.{md,json,png} to output_dir, and
+each (mixer, rate)'s record to ``output_dir/runs/<mixer>/lr<lr>/record.json`` (and to
+``records_dir`` when set): a study stopped part-way, or moved to another machine with its
+records, reuses every finished rate.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torchtune import config
 
 from idmix.evaluation.recall_study import (
     KEYS,
+    OPTIONAL_KEYS,
     RESULTS,
     check_config,
     mixer_entries,
@@ -32,7 +36,7 @@ from idmix.evaluation.recall_study import (
 from idmix.io.files import atomic_write_json, atomic_write_text
 from idmix.training.outputs import fresh_outputs
 
-__all__ = ["KEYS", "main"]
+__all__ = ["KEYS", "OPTIONAL_KEYS", "main"]
 
 
 @config.parse
@@ -40,7 +44,7 @@ def main(cfg: DictConfig) -> None:
     train_settings, eval_settings = check_config(cfg)
     out = fresh_outputs(cfg.output_dir, RESULTS, cfg.overwrite)
     results = {
-        name: sweep(cfg, name, options, train_settings, eval_settings)
+        name: sweep(cfg, out, name, options, train_settings, eval_settings)
         for name, options in mixer_entries(cfg).items()
     }
     table = report(cfg, results, eval_settings)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,27 +107,24 @@ def test_length_extrapolation_recipe(tmp_path):
 
 def test_train_recall_recipe(tmp_path):
     out_dir = tmp_path / "recall"
-    stdout = ok(
-        tune_run(
-            "train_recall",
-            "recall_tiny",
-            "model.embed_dim=32",
-            "model.num_heads=2",
-            "model.num_layers=1",
-            "model.num_modes=4",
-            "mixers=[interdomain, softmax, {gla: {value_dim: 32}}]",
-            "batch_size=2",
-            "steps=3",
-            "warmup_steps=1",
-            "lrs=[1e-3,3e-3]",
-            "train=[{task: mqar, seq_len: 32, size: [2, 4]}, {task: passkey, seq_len: 64}]",
-            "evaluate=[{task: mqar, seq_len: 32, size: 4},"
-            " {task: phonebook, seq_len: 128, size: 16},"
-            " {task: passkey, seq_len: 32}, {task: passkey, seq_len: 128}]",
-            "eval_examples=4",
-            f"output_dir={out_dir}",
-        )
+    args = (
+        "model.embed_dim=32",
+        "model.num_heads=2",
+        "model.num_layers=1",
+        "model.num_modes=4",
+        "mixers=[interdomain, softmax, {gla: {value_dim: 32}}]",
+        "batch_size=2",
+        "steps=3",
+        "warmup_steps=1",
+        "lrs=[1e-3,3e-3]",
+        "train=[{task: mqar, seq_len: 32, size: [2, 4]}, {task: passkey, seq_len: 64}]",
+        "evaluate=[{task: mqar, seq_len: 32, size: 4},"
+        " {task: phonebook, seq_len: 128, size: 16},"
+        " {task: passkey, seq_len: 32}, {task: passkey, seq_len: 128}]",
+        "eval_examples=4",
+        f"output_dir={out_dir}",
     )
+    stdout = ok(tune_run("train_recall", "recall_tiny", *args))
     assert "MQAR" in stdout and "Sweep: mean validation exact match" in stdout
     results = json.loads((out_dir / "recall.json").read_text())
     assert set(results) == {"interdomain", "softmax", "gla"}
@@ -139,6 +137,24 @@ def test_train_recall_recipe(tmp_path):
     assert set(results["softmax"]["sweep"]) == {"0.001", "0.003"}
     assert results["softmax"]["lr"] in (1e-3, 3e-3)
     assert (out_dir / "recall.png").stat().st_size > 10_000
+    # every (mixer, options, rate) is kept as a record: a study moved elsewhere with them alone
+    # reuses all six and reports the same; one with other settings refuses them
+    records = sorted(p.relative_to(out_dir) for p in out_dir.glob("runs/*/*/record.json"))
+    assert len(records) == 6 and Path("runs/gla_value_dim-32/lr0.003/record.json") in records
+    (tmp_path / "records").mkdir()
+    shutil.move(out_dir / "runs", tmp_path / "records" / "runs")
+    shutil.rmtree(out_dir)
+    elsewhere = (
+        *args[:-1],
+        f"output_dir={out_dir}",
+        f"records_dir={tmp_path / 'records' / 'runs'}",
+    )
+    again = ok(tune_run("train_recall", "recall_tiny", *elsewhere))
+    assert again.count("reusing the recorded run") == 6
+    assert json.loads((out_dir / "recall.json").read_text()) == results
+    other = tune_run("train_recall", "recall_tiny", *elsewhere[:-2], "steps=4",
+                     f"output_dir={tmp_path / 'other'}", elsewhere[-1])  # fmt: skip
+    assert other.returncode != 0 and "records a run with another config" in other.stderr
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@ records without the checkpoints). The report is ``compare_report.py``."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -17,12 +16,12 @@ from torchtune import config
 
 from ..io import checkpoint as ckpt
 from ..io.config_checks import boolean, check_components, check_keys, integer
-from ..io.files import atomic_write_json
 from ..io.model_description import read_yaml_data
 from ..training.pretrain_config import check_training_section
 from ..training.trainer import Trainer
 from .diagnostics import output_rms_by_position, ssm_gradient_stats
 from .extrapolation import perplexity_by_context, token_stream
+from .records import read_record, write_record
 
 KEYS = {
     "output_dir", "overwrite", "device", "seeds", "tokenizer", "dataset", "validation_dataset",
@@ -218,17 +217,9 @@ def _recorded_run(cfg, out: Path, name: str, lr: float, seed: int, evaluate) -> 
     homes = [run_dir / "record.json"]
     if cfg.get("records_dir"):
         homes.insert(0, Path(cfg.records_dir) / where / "record.json")
-    for path in homes:
-        if path.is_file():
-            record = json.loads(path.read_text())
-            if record.get("config") == recorded:
-                print(f"reusing the recorded run {path}", flush=True)
-                return record
-            if not cfg.overwrite:
-                raise ValueError(
-                    f"config: {str(path)!r} records a run with another config; pass "
-                    "overwrite=True to train it again or choose another records_dir/output_dir"
-                )
+    record = read_record(homes, recorded, cfg.overwrite)
+    if record is not None:
+        return record
     model, history, tokens_per_step, params = _train(run_cfg, run_dir)
     record = {
         "seed": seed, "lr": lr, "params": params, "tokens_per_step": tokens_per_step,
@@ -236,7 +227,5 @@ def _recorded_run(cfg, out: Path, name: str, lr: float, seed: int, evaluate) -> 
         "history": [h for h in history[:-1] if "val_loss" in h] + history[-1:],
         **evaluate(model), "config": recorded,
     }  # fmt: skip
-    for path in homes:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, record)
+    write_record(homes, record)
     return record

@@ -1,13 +1,15 @@
 """The recall study behind ``recipes/train_recall.py`` (its docstring and docs/evaluation.md
 say what it measures): the config's checks, a small model trained per mixer and learning rate on the
 probes of ``recall.py``, the rate kept on a validation draw, exact match on a test draw, and the
-report (``recall.md``, ``recall.png``)."""
+report (``recall.md``, ``recall.png``). Each (mixer, rate) is kept as a record (``records.py``) in
+``output_dir/runs/`` and ``records_dir`` when set, and reused from there."""
 
 from __future__ import annotations
 
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -27,13 +29,16 @@ from ..models.state_size import recurrent_state_floats
 from ..training.optim import param_groups, warmup_cosine
 from ..training.plots import line_plot
 from . import recall
+from .records import read_record, write_record
 from .report import markdown_table
 
 KEYS = {
     "model", "mixers", "vocab_size", "train", "evaluate", "batch_size", "steps", "lrs",
     "warmup_steps", "weight_decay", "ssm_lr_cap", "eval_examples", "seed", "device",
-    "output_dir", "overwrite",
+    "output_dir", "overwrite", "records_dir",
 }  # fmt: skip
+OPTIONAL_KEYS = {"records_dir"}  # a second home for every run's record (e.g. kept in git)
+NOT_RUN_SETTINGS = {"output_dir", "overwrite", "records_dir", "mixers", "lrs"}
 RESULTS = ("recall.md", "recall.json", "recall.png")
 SIZED = ("mqar", "phonebook")  # passkey's difficulty is its seq_len
 LABELS = {"mqar": "MQAR", "phonebook": "phonebook", "passkey": "passkey"}
@@ -161,28 +166,51 @@ def mixer_entries(cfg) -> dict[str, dict]:
     return entries
 
 
-def sweep(cfg, mixer: str, options: dict, train_settings, eval_settings) -> dict:
-    """Train `mixer` (with its model `options`) at every lr; keep the best on the validation
-    draw, report its test draw."""
-    runs = {}
-    for lr in cfg.lrs:
-        torch.manual_seed(cfg.seed)
-        model = config.instantiate(cfg.model, mixer=mixer, **options).to(cfg.device)
-        check(cfg, model, train_settings, eval_settings)
-        g = torch.Generator().manual_seed(cfg.seed)
-        loss = train(model, cfg, lr, train_settings, g, random.Random(cfg.seed), f"{mixer} {lr:g}")
-        val = evaluate(model, cfg, eval_settings, cfg.seed + 2)
-        runs[lr] = {"loss": loss, "val": _mean(val), "model": model}
+def sweep(cfg, out: Path, mixer: str, options: dict, train_settings, eval_settings) -> dict:
+    """`mixer` (with its model `options`) at every lr, each trained or read from its record;
+    keeps the best on the validation draw and reports its test draw."""
+    runs = {lr: _recorded_run(cfg, out, mixer, options, lr, train_settings, eval_settings)
+            for lr in cfg.lrs}  # fmt: skip
     best = max(runs, key=lambda lr: (runs[lr]["val"], -runs[lr]["loss"]))
     return {
         "lr": best,
         "options": options,
-        "parameters": sum(p.numel() for p in runs[best]["model"].parameters()),
-        "state_floats": recurrent_state_floats(runs[best]["model"]),
+        "parameters": runs[best]["parameters"],
+        "state_floats": runs[best]["state_floats"],
         "final_train_loss": runs[best]["loss"],
         "sweep": {str(lr): {"val": r["val"], "loss": r["loss"]} for lr, r in runs.items()},
-        "scores": evaluate(runs[best]["model"], cfg, eval_settings, cfg.seed + 1),
+        "scores": runs[best]["scores"],
     }
+
+
+def _recorded_run(cfg, out: Path, mixer, options, lr, train_settings, eval_settings) -> dict:
+    """One (mixer, rate): its record ({loss, val, scores on the test draw, parameters,
+    state_floats, config}) read back when one holds the same run, else trained and kept."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    run_config = {k: v for k, v in plain.items() if k not in NOT_RUN_SETTINGS}
+    run_config.update(mixer=mixer, options=options, lr=lr)
+    where = Path("".join([mixer, *(f"_{k}-{v}" for k, v in sorted(options.items()))]), f"lr{lr:g}")
+    homes = [out / "runs" / where / "record.json"]
+    if cfg.get("records_dir"):
+        homes.insert(0, Path(cfg.records_dir) / where / "record.json")
+    record = read_record(homes, run_config, cfg.overwrite)
+    if record is not None:
+        return record
+    torch.manual_seed(cfg.seed)
+    model = config.instantiate(cfg.model, mixer=mixer, **options).to(cfg.device)
+    check(cfg, model, train_settings, eval_settings)
+    g = torch.Generator().manual_seed(cfg.seed)
+    loss = train(model, cfg, lr, train_settings, g, random.Random(cfg.seed), f"{mixer} {lr:g}")
+    record = {
+        "loss": loss,
+        "val": _mean(evaluate(model, cfg, eval_settings, cfg.seed + 2)),
+        "scores": evaluate(model, cfg, eval_settings, cfg.seed + 1),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "state_floats": recurrent_state_floats(model),
+        "config": run_config,
+    }
+    write_record(homes, record)
+    return record
 
 
 def report(cfg, results: dict, eval_settings) -> str:
