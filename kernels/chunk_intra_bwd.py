@@ -14,8 +14,9 @@ pass 1 backward (given dw̃):     dq, dk, dXᵏ and the partial dλ^{i+1}, d(β�
 Each pass is two kernels, run in turn: the lag part (the (L, L) weights by lag and the
 gradients through them) and the chunk-start part (the products with the start state). Split,
 each kernel holds two loop-invariant product operands instead of four, which is what keeps
-them clear of spills (benchmarks/offline_compile.py); the second reads what the first wrote of
-the gradient they share (dw̃, dq). Blocked like the forward: the (L, L) tiles once per
+them clear of spills (benchmarks/offline_compile.py). Pass 1's second kernel reads what the
+first wrote of dq; pass 2's forms d_lag = shear_in(do vᵀ) again (L·L·D multiply-adds) and
+writes dw̃ whole, once, so no lag part of it goes through HBM. Blocked like the forward: the (L, L) tiles once per
 program, the modes in blocks of BM, every product a tile `mma` at the PREC precision with fp32
 accumulation.
 """
@@ -45,9 +46,10 @@ from .tiles import (
     store_tile,
 )
 
-# _pass2_bwd_lag_kernel forms w̃ = Ĝ p on chip: (8, 64) on sm_90 and (8, 32) on sm_80 spill
+# _pass2_bwd_lag_kernel forms w̃ = Ĝ p on chip: (8, 64) on sm_90 and (8, 32) on sm_80 spill;
+# _pass2_bwd_state_kernel also holds d_lag: (8, 32) on sm_90 spills at R = D = 128
 _LAG2 = Space(sm90=[(4, 8), (4, 16), (8, 8), (8, 16), (8, 32)], sm80=[(8, 8), (8, 16)])
-_STATE2 = Space(sm90=[(4, 8), (8, 8), (8, 16), (8, 32)], sm80=[(8, 8)])
+_STATE2 = Space(sm90=[(4, 8), (8, 8), (8, 16)], sm80=[(8, 8)])
 _LAG1 = Space(
     sm90=[(4, 8), (4, 16), (8, 8), (8, 16), (8, 32), (8, 64)],
     sm80=[(4, 8), (8, 8), (8, 16)],
@@ -98,7 +100,7 @@ def _times_G(x_base, g_base, co, ll, s_xl, s_gi, s_go, L, M, PREC: tl.constexpr,
 @triton.autotune(configs=_LAG2.configs, key=_KEY_P2, prune_configs_by=_LAG2.prune)
 @triton.jit(do_not_specialize=["N", "L"])
 def _pass2_bwd_lag_kernel(
-    do_ptr, p_ptr, g_ptr, v_ptr, dend_ptr, reset_ptr, poison_ptr, dv_ptr, dw_ptr, gend_ptr,
+    do_ptr, p_ptr, g_ptr, v_ptr, dend_ptr, reset_ptr, poison_ptr, dv_ptr, gend_ptr,
     H, N, L, R, D, M,
     s_ob, s_oh, s_on, s_ol,
     s_wb, s_wh, s_wn, s_wl,
@@ -111,10 +113,9 @@ def _pass2_bwd_lag_kernel(
     HAS_RESET: tl.constexpr, PREC: tl.constexpr, POISON: tl.constexpr,
     BL: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
-    """dv = mixᵀ do with mix = shear_out(w̃ endᵀ) (recomputed); d_lag = shear_in(do vᵀ);
-    dw̃ = d_lag end (the lag part) and the end partial d_lagᵀ w̃, with w̃ = Ĝ p formed block by
-    block (_times_G). do and v are walked in blocks of BK channels: on sm_80 a whole (L, D)
-    product operand is held by every warp."""
+    """dv = mixᵀ do with mix = shear_out(w̃ endᵀ) (recomputed); d_lag = shear_in(do vᵀ) and the
+    end partial d_lagᵀ w̃, with w̃ = Ĝ p formed block by block (_times_G). do and v are walked
+    in blocks of BK channels: on sm_80 a whole (L, D) product operand is held by every warp."""
     b, h, n = program_bhn(H, N)
     ll = tl.arange(0, BL)
     if HAS_RESET:
@@ -147,28 +148,23 @@ def _pass2_bwd_lag_kernel(
         do = _load_do(do_base, ll, dk, s_ol, L, D, bad, POISON)
         dv = mma(tl.trans(mix), do, None, PREC)  # (s, d)
         store_tile(dv_base, ll, dk, s_xl, 1, L, D, dv)
-    dw_base = dw_ptr + b * s_wb + h * s_wh + n * s_wn
     ge_base = gend_ptr + b * s_wb + h * s_wh + n * s_wn
     for m0 in range(0, M, BM):
         cc = 2 * m0 + tl.arange(0, 2 * BM)
-        end = load_tile(dend_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M)
-        store_tile(dw_base, ll, cc, s_wl, 1, L, 2 * M, mma(d_lag, end, None, PREC))
         w = _times_G(p_base, g_base, cc, ll, s_wl, s_gc, s_gr, L, M, PREC, BM)
         store_tile(ge_base, ll, cc, s_wl, 1, L, 2 * M, mma(tl.trans(d_lag), w, None, PREC))
 
 
-# it adds into dw̃: autotuning must put dw̃ back after each timed run
-@triton.autotune(
-    configs=_STATE2.configs, key=_KEY_P2, prune_configs_by=_STATE2.prune, restore_value=["dw_ptr"]
-)
+@triton.autotune(configs=_STATE2.configs, key=_KEY_P2, prune_configs_by=_STATE2.prune)
 @triton.jit(do_not_specialize=["N", "L"])
 def _pass2_bwd_state_kernel(
-    do_ptr, p_ptr, g_ptr, st_ptr, dstart_ptr, reset_ptr, poison_ptr, dxv_ptr, dw_ptr, dwout_ptr,
-    gstart_ptr,
+    do_ptr, p_ptr, g_ptr, v_ptr, st_ptr, dstart_ptr, dend_ptr, reset_ptr, poison_ptr, dxv_ptr,
+    dw_ptr, gstart_ptr,
     H, N, L, R, D, M,
     s_ob, s_oh, s_on, s_ol,
     s_wb, s_wh, s_wn, s_wl,
     s_gh, s_gr, s_gc,
+    s_vb, s_vh, s_vn, s_vl,
     s_sb, s_sh, s_sn, s_sc,
     s_dh, s_dl,
     s_rb, s_rn,
@@ -178,21 +174,25 @@ def _pass2_bwd_state_kernel(
     BL: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     """du = do Xᵛ (the start state's read); dXᵛ = doᵀ u with u = conj(λ^{t+1}) ⊙ w̃;
-    dw̃ = (the lag part at dw_ptr) + λ^{t+1} ⊙ du, stored at dwout_ptr (dw_ptr itself, or a
-    buffer of its strides in the operands' dtype); the start partial conj(du) ⊙ w̃; w̃ = Ĝ p
-    formed block by block."""
+    dw̃ = d_lag end + λ^{t+1} ⊙ du, whole, with d_lag = shear_in(do vᵀ) formed here as the lag
+    kernel forms it, stored at dw_ptr in its dtype (fp32, or bf16 at bf16 products); the start
+    partial conj(du) ⊙ w̃; w̃ = Ĝ p formed block by block."""
     b, h, n = program_bhn(H, N)
     ll, dd = tl.arange(0, BL), tl.arange(0, BD)
     if HAS_RESET:
-        valid, _ = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
+        valid, same = doc_masks(reset_ptr, b, n, s_rb, s_rn, L, BL)
     bad = _poisoned(poison_ptr, b, h, n, s_fb, s_fh, s_fn, L, BL, POISON)
     do = _load_do(do_ptr + b * s_ob + h * s_oh + n * s_on, ll, dd, s_ol, L, D, bad, POISON)
     do = operand(do, PREC)
+    v = finite(load_tile(v_ptr + b * s_vb + h * s_vh + n * s_vn, ll, dd, s_vl, 1, L, D))
+    d_mix = mma(do, tl.trans(v), None, PREC)  # (t, s): Σ_d do_t v_s
+    if HAS_RESET:
+        d_mix = tl.where(same, d_mix, 0.0)
+    d_lag = shear_in(operand(d_mix, PREC), L, BL)  # aligned with end
     p_base, g_base = p_ptr + b * s_wb + h * s_wh + n * s_wn, g_ptr + h * s_gh
     sv_base = st_ptr + b * s_sb + h * s_sh + n * s_sn + R * s_sc
     dxv_base = dxv_ptr + b * s_xb + h * s_xh + n * s_xn
     dw_base = dw_ptr + b * s_wb + h * s_wh + n * s_wn
-    dwout_base = dwout_ptr + b * s_wb + h * s_wh + n * s_wn
     gs_base = gstart_ptr + b * s_wb + h * s_wh + n * s_wn
     for m0 in range(0, M, BM):
         cc = 2 * m0 + tl.arange(0, 2 * BM)
@@ -204,8 +204,9 @@ def _pass2_bwd_state_kernel(
             du = tl.where(valid[:, None], du, 0.0)
             u = tl.where(valid[:, None], u, 0.0)
         store_tile(dxv_base, dd, cc, s_xd, 1, D, 2 * M, mma(tl.trans(do), u, None, PREC))
-        dw = load_tile(dw_base, ll, cc, s_wl, 1, L, 2 * M) + cmul(start, du, False)
-        store_tile(dwout_base, ll, cc, s_wl, 1, L, 2 * M, dw)
+        end = load_tile(dend_ptr + h * s_dh, ll, cc, s_dl, 1, L, 2 * M)
+        dw = mma(d_lag, end, cmul(start, du, False), PREC)
+        store_tile(dw_base, ll, cc, s_wl, 1, L, 2 * M, dw)
         store_tile(gs_base, ll, cc, s_wl, 1, L, 2 * M, cmul(du, w, True))
 
 
@@ -335,15 +336,14 @@ def _pass1_bwd_state_kernel(
 
 def intra_chunk_pass2_backward(
     do, p, G_hat, v, starts, d_start, d_end, key_dim, dv, dw, g_end, g_start, dxv,
-    reset=None, poison=None, precision="ieee", BL=None, dw_out=None,
+    reset=None, poison=None, precision="ieee", BL=None,
 ):  # fmt: skip
     """do, v: (B, H, n, L, D) chunk views of the (B, T, H, D) output gradient and input; p:
     (B, H, n, L, 2M) (pass 1's, fp32 or bf16) and G_hat (H, 2M, 2M), w̃ = Ĝ p formed on chip;
     starts, d_start, d_end, reset, precision, BL as in intra_chunk_pass1; key_dim: R; poison as
-    in intra_chunk_pass2. Writes dv (B, H, n, L, D) fp32 (the intra-chunk part), dw, g_end,
-    g_start (p's shape and strides, fp32: the lag part of dw̃, then the whole of it unless
-    dw_out is given, and the per-program decay partials), dw_out (dw's shape and strides, any
-    float dtype, or None: dw̃ into dw) and dxv (B, H, n, D, 2M) fp32."""
+    in intra_chunk_pass2. Writes dv (B, H, n, L, D) fp32 (the intra-chunk part), dw (p's shape,
+    any float dtype: dw̃, written once), g_end and g_start (p's shape and strides, fp32: the
+    per-program decay partials) and dxv (B, H, n, D, 2M) fp32."""
     B, H, N, L, twoM = p.shape
     R, D = key_dim, v.shape[-1]
     r, s_rb, s_rn, has_reset = reset_args(reset, p)
@@ -354,7 +354,7 @@ def intra_chunk_pass2_backward(
     )  # fmt: skip
     with on_device(p):
         _pass2_bwd_lag_kernel[(B * H * N,)](
-            do, p, G_hat, v, d_end, r, f, dv, dw, g_end,
+            do, p, G_hat, v, d_end, r, f, dv, g_end,
             H, N, L, R, D, twoM // 2,
             *do.stride()[:4], *p.stride()[:4], *G_hat.stride(), *v.stride()[:4],
             *d_end.stride()[:2],
@@ -362,11 +362,10 @@ def intra_chunk_pass2_backward(
             BK=min(block(D), 32),
         )  # fmt: skip
         _pass2_bwd_state_kernel[(B * H * N,)](
-            do, p, G_hat, starts, d_start, r, f, dxv, dw, dw if dw_out is None else dw_out,
-            g_start,
+            do, p, G_hat, v, starts, d_start, d_end, r, f, dxv, dw, g_start,
             H, N, L, R, D, twoM // 2,
-            *do.stride()[:4], *p.stride()[:4], *G_hat.stride(), *starts.stride()[:4],
-            *d_start.stride()[:2],
+            *do.stride()[:4], *p.stride()[:4], *G_hat.stride(), *v.stride()[:4],
+            *starts.stride()[:4], *d_start.stride()[:2],
             s_rb, s_rn, *flags_strides(poison, L), *dxv.stride()[:4], **meta, BD=block(D),
         )  # fmt: skip
 

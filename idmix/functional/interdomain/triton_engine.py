@@ -300,19 +300,17 @@ def chunked_kernels_backward(
         qv, kv, vv = pv.chunks(q), pv.chunks(k), pv.chunks(v)
         Zi = Z0 if i == 0 else bounds[i - 1]
         st = _states(kern, pv, k, v, Zi, scratch, None, precision, BL)
-        # p and the whole dw̃ are read only as product operands (w̃ = Ĝ p and dp = dw̃ Ĝ on
-        # chip, dĜ's GEMM): at bf16 products they are stored in bf16, dw̃'s lag part in fp32
+        # p and dw̃ are read only as product operands (w̃ = Ĝ p and dp = dw̃ Ĝ on chip, dĜ's
+        # GEMM): at bf16 products they are stored in bf16; dw̃ is written once, whole
         p, p_bh = _p(kern, pv, q, k, st, 2 * M, precision, BL, operands)
-        dw_lag, dw_lag_bh = pv.per_head(H, B, 2 * M, q)
-        in_place = operands == torch.float32
-        dw, dw_bh = (dw_lag, dw_lag_bh) if in_place else pv.per_head(H, B, 2 * M, q, operands)
+        dw, dw_bh = pv.per_head(H, B, 2 * M, q, operands)
         ge, ge_bh = pv.per_head(H, B, 2 * M, q)
         gs, gs_bh = pv.per_head(H, B, 2 * M, q)
         dv_in = q.new_empty(B, H, pv.n, pv.Lp, D, **f32)
         dxv = q.new_empty(B, H, pv.n, D, 2 * M, **f32)
         kern.intra_chunk_pass2_backward(
-            pv.chunks(do), p_bh, G_hat, vv, st, pv.dec.start, pv.dec.end, R, dv_in, dw_lag_bh,
-            ge_bh, gs_bh, dxv, pv.reset, pv.positions(poison), precision, BL, dw_out=dw_bh,
+            pv.chunks(do), p_bh, G_hat, vv, st, pv.dec.start, pv.dec.end, R, dv_in, dw_bh, ge_bh,
+            gs_bh, dxv, pv.reset, pv.positions(poison), precision, BL,
         )  # fmt: skip
         dw_rows, p_rows = dw.view(H, -1, 2 * M), p.view(H, -1, 2 * M)
         dG = (
