@@ -47,9 +47,10 @@ from .tiles import (
 )
 
 # _pass2_bwd_lag_kernel forms w̃ = Ĝ p on chip: (8, 64) on sm_90 and (8, 32) on sm_80 spill;
-# _pass2_bwd_state_kernel also holds d_lag: (8, 32) on sm_90 spills at R = D = 128
+# _pass2_bwd_state_kernel also holds d_lag: at R = D = 128 (8, 32) spills at bf16 and (8, 16)
+# at TF32 on sm_90
 _LAG2 = Space(sm90=[(4, 8), (4, 16), (8, 8), (8, 16), (8, 32)], sm80=[(8, 8), (8, 16)])
-_STATE2 = Space(sm90=[(4, 8), (8, 8), (8, 16)], sm80=[(8, 8)])
+_STATE2 = Space(sm90=[(4, 8), (8, 8)], sm80=[(8, 8)])
 _LAG1 = Space(
     sm90=[(4, 8), (4, 16), (8, 8), (8, 16), (8, 32), (8, 64)],
     sm80=[(4, 8), (8, 8), (8, 16)],
