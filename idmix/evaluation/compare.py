@@ -21,7 +21,7 @@ from ..training.pretrain_config import check_training_section
 from ..training.trainer import Trainer
 from .diagnostics import output_rms_by_position, ssm_gradient_stats
 from .extrapolation import perplexity_by_context, token_stream
-from .records import read_record, write_record
+from .records import read_record, record_homes, write_record
 
 KEYS = {
     "output_dir", "overwrite", "device", "seeds", "tokenizer", "dataset", "validation_dataset",
@@ -214,9 +214,7 @@ def _recorded_run(cfg, out: Path, name: str, lr: float, seed: int, evaluate) -> 
     run_dir = out / "runs" / where
     run_cfg = _run_config(cfg, name, lr, seed, run_dir)
     recorded = _recorded_config(run_cfg)
-    homes = [run_dir / "record.json"]
-    if cfg.get("records_dir"):
-        homes.insert(0, Path(cfg.records_dir) / where / "record.json")
+    homes = record_homes(out / "runs", cfg.get("records_dir"), where)
     record = read_record(homes, recorded, cfg.overwrite)
     if record is not None:
         return record

@@ -29,7 +29,7 @@ from ..models.state_size import recurrent_state_floats
 from ..training.optim import param_groups, warmup_cosine
 from ..training.plots import line_plot
 from . import recall
-from .records import read_record, write_record
+from .records import read_record, record_homes, write_record
 from .report import markdown_table
 
 KEYS = {
@@ -190,9 +190,7 @@ def _recorded_run(cfg, out: Path, mixer, options, lr, train_settings, eval_setti
     run_config = {k: v for k, v in plain.items() if k not in NOT_RUN_SETTINGS}
     run_config.update(mixer=mixer, options=options, lr=lr)
     where = Path("".join([mixer, *(f"_{k}-{v}" for k, v in sorted(options.items()))]), f"lr{lr:g}")
-    homes = [out / "runs" / where / "record.json"]
-    if cfg.get("records_dir"):
-        homes.insert(0, Path(cfg.records_dir) / where / "record.json")
+    homes = record_homes(out / "runs", cfg.get("records_dir"), where)
     record = read_record(homes, run_config, cfg.overwrite)
     if record is not None:
         return record

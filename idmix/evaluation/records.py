@@ -10,6 +10,13 @@ from pathlib import Path
 from ..io.files import atomic_write_json
 
 
+def record_homes(runs: Path, records_dir: str | None, where: Path) -> list[Path]:
+    """Where one run's record lives: records_dir/where (read first) when set, and
+    runs/where, beside its checkpoints."""
+    homes = [runs / where / "record.json"]
+    return [Path(records_dir) / where / "record.json", *homes] if records_dir else homes
+
+
 def read_record(homes: list[Path], run_config: dict, overwrite: bool) -> dict | None:
     """The first record among homes that holds the run with run_config (plain data), or None.
     A record of another config is an error unless overwrite (the run then trains again and
